@@ -1,0 +1,111 @@
+package controller
+
+import (
+	"time"
+
+	"github.com/proxypool/proxypool/engine/domain/proxy"
+)
+
+// Status is the appliance-wide view served by GET /v1/admin/status.
+type Status struct {
+	Version        string             `json:"version"`
+	StartedAt      time.Time          `json:"startedAt"`
+	ConfigSource   string             `json:"configSource"`
+	ConfigLoadedAt time.Time          `json:"configLoadedAt"`
+	Ready          bool               `json:"ready"`
+	StorageMode    string             `json:"storageMode"`
+	Proxies        map[string]int     `json:"proxies"` // state name -> count
+	Upstreams      int                `json:"upstreams"`
+	Routings       int                `json:"routings"`
+	Snapshot       SnapshotStatus     `json:"snapshot"`
+	Extraction     ExtractionCounters `json:"extraction"`
+	Workers        []WorkerStatus     `json:"workers"`
+	LastReload     *ReloadStatus      `json:"lastReload,omitempty"`
+}
+
+// SnapshotStatus describes the last snapshot published to workers.
+type SnapshotStatus struct {
+	Version     uint64    `json:"version"`
+	GeneratedAt time.Time `json:"generatedAt"`
+	Proxies     int       `json:"proxies"`
+}
+
+// ExtractionCounters are cumulative since start.
+type ExtractionCounters struct {
+	Requests     int64 `json:"requests"`
+	Returned     int64 `json:"returned"`
+	Insufficient int64 `json:"insufficient"`
+}
+
+// WorkerStatus is one gateway worker as the controller sees it.
+type WorkerStatus struct {
+	ID              string `json:"id"`
+	SnapshotVersion uint64 `json:"snapshotVersion"`
+	Active          int64  `json:"active"`
+	Reserved        int64  `json:"reserved"`
+}
+
+// ReloadStatus is the outcome of the latest reload attempt.
+type ReloadStatus struct {
+	At     time.Time `json:"at"`
+	OK     bool      `json:"ok"`
+	Errors []string  `json:"errors,omitempty"`
+}
+
+// UpstreamStatus is one upstream in GET /v1/admin/upstreams.
+type UpstreamStatus struct {
+	Name           string         `json:"name"`
+	Plugin         string         `json:"plugin"`
+	Enabled        bool           `json:"enabled"`
+	States         map[string]int `json:"states"`
+	Managed        int            `json:"managed"`
+	Available      int            `json:"available"`
+	AvailableSlots int64          `json:"availableSlots"`
+	Pending        int            `json:"pending"`
+	Fetch          FetchStatus    `json:"fetch"`
+}
+
+// FetchStatus is an upstream's provider runtime state.
+type FetchStatus struct {
+	Calls            int64      `json:"calls"`
+	Success          int64      `json:"success"`
+	Empty            int64      `json:"empty"`
+	DuplicateOnly    int64      `json:"duplicateOnly"`
+	Errors           int64      `json:"errors"`
+	ConsecutiveEmpty int        `json:"consecutiveEmpty"`
+	ConsecutiveError int        `json:"consecutiveErrors"`
+	TotalFetched     int64      `json:"totalFetched"`
+	LastOutcome      string     `json:"lastOutcome,omitempty"`
+	LastError        string     `json:"lastError,omitempty"`
+	LastFetchAt      *time.Time `json:"lastFetchAt,omitempty"`
+	BackoffUntil     *time.Time `json:"backoffUntil,omitempty"`
+	Stopped          string     `json:"stopped,omitempty"` // why fetching stopped (maxTotal, disabled)
+}
+
+// RoutingStatus is one routing in GET /v1/admin/routings.
+type RoutingStatus struct {
+	Name          string   `json:"name"`
+	Strategy      string   `json:"strategy"`
+	Upstreams     []string `json:"upstreams"`
+	CurrentIndex  int      `json:"currentIndex"` // sequential only; -1 exhausted
+	Current       string   `json:"current,omitempty"`
+	Generation    int64    `json:"generation"`
+	OnUnavailable string   `json:"onUnavailable"`
+}
+
+// ProxyView is a proxy without credentials, for the admin listing.
+type ProxyView struct {
+	ID            proxy.ID   `json:"id"`
+	Upstream      string     `json:"upstream"`
+	Scheme        string     `json:"scheme"`
+	Host          string     `json:"host"`
+	Port          uint16     `json:"port"`
+	HasAuth       bool       `json:"hasAuth"`
+	State         string     `json:"state"`
+	Owner         string     `json:"owner,omitempty"`
+	ExpiresAt     time.Time  `json:"expiresAt"`
+	UsableUntil   time.Time  `json:"usableUntil"`
+	LastCheckedAt *time.Time `json:"lastCheckedAt,omitempty"`
+	Region        string     `json:"region,omitempty"`
+	Carrier       string     `json:"carrier,omitempty"`
+}
