@@ -32,6 +32,9 @@ type Response struct {
 	Status  int
 	Headers map[string]string // canonical names, first value
 	Body    []byte
+	// Params are the upstream's params as given to BuildRequest, handed
+	// back so parsing can use what the vendor does not send (a fixed TTL).
+	Params map[string]string
 }
 
 // ParseResult is an adapter's reading of a response.
