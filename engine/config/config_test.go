@@ -42,6 +42,11 @@ func TestUnknownFieldsNameTheirLines(t *testing.T) {
 	if len(errs) != 2 {
 		t.Errorf("want both unknown fields reported, got %d: %v", len(errs), errs)
 	}
+	// Decoding problems do not hide validation problems in the same file.
+	_, err = Parse([]byte("listeners: {gateway: 127.0.0.1:1, gatway: x}\nlog: {level: loud}\n"))
+	if !strings.Contains(err.Error(), "gatway") || !strings.Contains(err.Error(), "log.level") {
+		t.Fatalf("want the unknown field and the validation error together: %v", err)
+	}
 }
 
 func TestValidationReportsEveryErrorWithPath(t *testing.T) {

@@ -71,11 +71,20 @@ func Parse(data []byte) (*Config, error) {
 	var c Config
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
+	var decodeErrs Errors
 	if err := dec.Decode(&c); err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil, Errors{{Msg: "empty configuration"}}
 		}
-		return nil, decodeErrors(err)
+		var te *yaml.TypeError
+		if !errors.As(err, &te) {
+			return nil, Errors{{Msg: strings.TrimPrefix(err.Error(), "yaml: ")}}
+		}
+		// Unknown fields and type mismatches leave the rest decoded:
+		// validate it too, so one pass reports every problem.
+		for _, m := range te.Errors {
+			decodeErrs = append(decodeErrs, FieldError{Msg: m})
+		}
 	}
 	// A second document is almost always a paste error; refuse it.
 	var extra yaml.Node
@@ -83,22 +92,8 @@ func Parse(data []byte) (*Config, error) {
 		return nil, Errors{{Msg: "more than one YAML document"}}
 	}
 	c.applyDefaults()
-	if errs := c.validate(); len(errs) > 0 {
+	if errs := append(decodeErrs, c.validate()...); len(errs) > 0 {
 		return nil, errs
 	}
 	return &c, nil
-}
-
-// decodeErrors turns yaml's error, which may hold several "line N: ..."
-// messages, into one FieldError per line.
-func decodeErrors(err error) error {
-	var te *yaml.TypeError
-	if errors.As(err, &te) {
-		out := make(Errors, 0, len(te.Errors))
-		for _, m := range te.Errors {
-			out = append(out, FieldError{Msg: m})
-		}
-		return out
-	}
-	return Errors{{Msg: strings.TrimPrefix(err.Error(), "yaml: ")}}
 }

@@ -1,0 +1,333 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/proxypool/proxypool/engine/adapters/embedded"
+	httpapi "github.com/proxypool/proxypool/engine/adapters/http"
+	"github.com/proxypool/proxypool/engine/adapters/plugin"
+	"github.com/proxypool/proxypool/engine/config"
+	"github.com/proxypool/proxypool/engine/controller"
+	"github.com/proxypool/proxypool/engine/gateway"
+	"github.com/proxypool/proxypool/engine/lifecycle"
+	"github.com/proxypool/proxypool/engine/version"
+)
+
+// readyPoll is how often startup checks whether the first usable snapshot
+// has been published, to tell systemd READY=1.
+const readyPoll = 100 * time.Millisecond
+
+// appliance is the standalone process: controller, checker and gateway on
+// embedded storage, plus the REST surfaces.
+type appliance struct {
+	path   string
+	log    *slog.Logger
+	notify *lifecycle.Notifier
+
+	mu      sync.Mutex // serialises reloads (signal and admin API)
+	cfg     *config.Config
+	plugins *plugin.Set
+
+	ctrl  *controller.Controller
+	gw    *gateway.Gateway
+	dist  *httpapi.DistributionHandler
+	admin *httpapi.AdminHandler
+}
+
+func run(path string, stderr io.Writer) error {
+	cfg, err := config.Load(path)
+	if err != nil {
+		return err
+	}
+	log, err := lifecycle.NewLogger(stderr, cfg.Log.Level, cfg.Log.Format)
+	if err != nil {
+		return err
+	}
+	sig := lifecycle.WatchSignals()
+	defer sig.Close()
+	a := &appliance{path: path, log: log, notify: lifecycle.NewNotifier(log), cfg: cfg}
+
+	res, err := loadPlugins(cfg)
+	if err != nil {
+		return err
+	}
+	for name, e := range res.Errors {
+		log.Error("plugin does not load", "plugin", name, "err", e)
+	}
+	if err := validatePlugins(cfg, res.Set); err != nil {
+		return err
+	}
+	a.plugins = res.Set
+
+	var dm *demo
+	if cfg.Demo != nil {
+		if dm, err = startDemo(cfg.Demo, log); err != nil {
+			return err
+		}
+		defer dm.close()
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
+		return fmt.Errorf("state directory: %w", err)
+	}
+	mgmt, err := embedded.OpenManagement(cfg.StateDir, embedded.ManagementOptions{})
+	if err != nil {
+		return err
+	}
+	defer mgmt.Close()
+	pool := embedded.NewPool(embedded.PoolOptions{})
+
+	if a.gw, err = gateway.New(gateway.Options{Config: cfg, Logger: log, Registry: reg}); err != nil {
+		return err
+	}
+	defer a.gw.Close()
+	if a.ctrl, err = controller.New(controller.Options{
+		Config: cfg, Pool: pool, Management: mgmt, Providers: a.plugins, Worker: a.gw,
+		Logger: log, Registry: reg, Version: version.Version,
+	}); err != nil {
+		return err
+	}
+	if a.dist, err = httpapi.NewDistribution(httpapi.DistributionOptions{
+		Extractor: a.ctrl, Surface: cfg.Distribution, Extraction: cfg.Extraction,
+		Registry: reg, Logger: log.With("component", "distribution"),
+	}); err != nil {
+		return err
+	}
+	if a.admin, err = httpapi.NewAdmin(httpapi.AdminOptions{
+		Admin: a.ctrl, Reloader: a, Surface: cfg.Admin, Registry: reg, Logger: log.With("component", "admin"),
+	}); err != nil {
+		return err
+	}
+	ops, err := httpapi.NewOps(httpapi.OpsOptions{Readiness: a.ctrl, Gatherer: reg, Registry: reg, Logger: log})
+	if err != nil {
+		return err
+	}
+	adminMux := http.NewServeMux()
+	adminMux.Handle("/v1/admin/", a.admin)
+	adminMux.Handle("/", ops)
+
+	// Bind every listener before starting anything, so a port conflict
+	// fails the start cleanly.
+	type served struct {
+		name string
+		ln   net.Listener
+		srv  *http.Server
+	}
+	var servers []served
+	var gwLn net.Listener
+	closeAll := func() {
+		for _, s := range servers {
+			s.ln.Close()
+		}
+		if gwLn != nil {
+			gwLn.Close()
+		}
+	}
+	listen := func(name, addr string, h http.Handler) error {
+		if addr == "" {
+			return nil
+		}
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			closeAll()
+			return fmt.Errorf("%s listener: %w", name, err)
+		}
+		servers = append(servers, served{name, ln, httpapi.NewServer(h, httpapi.ServerLimits{})})
+		return nil
+	}
+	if err := listen("distribution", cfg.Listeners.Distribution, a.dist); err != nil {
+		return err
+	}
+	if err := listen("admin", cfg.Listeners.Admin, adminMux); err != nil {
+		return err
+	}
+	if err := listen("metrics", cfg.Listeners.Metrics, ops); err != nil {
+		return err
+	}
+	if cfg.Listeners.Gateway != "" {
+		if gwLn, err = net.Listen("tcp", cfg.Listeners.Gateway); err != nil {
+			closeAll()
+			return fmt.Errorf("gateway listener: %w", err)
+		}
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_ = a.ctrl.Run(ctx)
+	}()
+	serveErr := make(chan error, len(servers)+1)
+	if gwLn != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := a.gw.Serve(ctx, gwLn); err != nil {
+				serveErr <- fmt.Errorf("gateway: %w", err)
+			}
+		}()
+	}
+	for _, s := range servers {
+		go func() {
+			if err := s.srv.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				serveErr <- fmt.Errorf("%s: %w", s.name, err)
+			}
+		}()
+		log.Info("listening", "surface", s.name, "addr", s.ln.Addr().String())
+	}
+	if gwLn != nil {
+		log.Info("listening", "surface", "gateway", "addr", gwLn.Addr().String())
+	}
+	go a.notifyReadyWhenUsable(ctx, dm)
+	go a.notify.Watchdog(ctx)
+
+	var runErr error
+loop:
+	for {
+		select {
+		case <-sig.Reload:
+			if err := a.Reload(ctx, "signal:SIGHUP"); err != nil {
+				log.Error("reload failed; keeping the running configuration", "err", err)
+			}
+		case s := <-sig.Stop:
+			log.Info("stopping", "signal", s.String())
+			break loop
+		case runErr = <-serveErr:
+			log.Error("listener failed", "err", runErr)
+			break loop
+		}
+	}
+
+	a.notify.Stopping()
+	a.mu.Lock()
+	drain := a.cfg.Shutdown
+	a.mu.Unlock()
+	shutdownCtx, cancelShutdown := context.WithTimeout(context.Background(), drain)
+	defer cancelShutdown()
+	for _, s := range servers {
+		if err := s.srv.Shutdown(shutdownCtx); err != nil {
+			log.Warn("shutdown", "surface", s.name, "err", err)
+		}
+	}
+	cancel() // the gateway drains in-flight requests within its own deadline
+	wg.Wait()
+	log.Info("stopped")
+	return runErr
+}
+
+// notifyReadyWhenUsable sends READY=1 once the controller has published a
+// snapshot with a usable proxy (or has no upstream to wait for).
+func (a *appliance) notifyReadyWhenUsable(ctx context.Context, dm *demo) {
+	t := time.NewTicker(readyPoll)
+	defer t.Stop()
+	for !a.ctrl.Ready() {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+	a.notify.Ready()
+	a.log.Info("ready")
+	if dm != nil {
+		a.mu.Lock()
+		cfg := a.cfg
+		a.mu.Unlock()
+		dm.printTryThis(os.Stdout, cfg)
+	}
+}
+
+// Reload re-reads the config file and the plugins directory and swaps them
+// in; any failure keeps the running configuration. It implements the admin
+// API's Reloader, and serves SIGHUP.
+func (a *appliance) Reload(ctx context.Context, actor string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.notify.Reloading()
+	defer a.notify.Ready()
+	err := a.reload(ctx)
+	a.ctrl.RecordReload(actor, err)
+	if err == nil {
+		a.log.Info("reloaded", "actor", actor, "source", a.path)
+	}
+	return err
+}
+
+func (a *appliance) reload(ctx context.Context) error {
+	cfg, err := config.Load(a.path)
+	if err != nil {
+		return err
+	}
+	if err := immutableOnReload(a.cfg, cfg); err != nil {
+		return err
+	}
+	res, err := loadPlugins(cfg)
+	if err != nil {
+		return err
+	}
+	for name, e := range res.Errors {
+		a.log.Error("plugin does not load; keeping its previous version", "plugin", name, "err", e)
+	}
+	set := plugin.Merge(a.plugins, res)
+	if err := validatePlugins(cfg, set); err != nil {
+		return err
+	}
+	// Everything that can fail on its own input is tried before anything
+	// is swapped: the REST surfaces validate auth and CIDRs, the gateway
+	// its limits.
+	if err := a.ctrl.Reload(ctx, cfg, set); err != nil {
+		return err
+	}
+	if err := a.gw.UpdateConfig(cfg); err != nil {
+		return err
+	}
+	if err := a.dist.Reconfigure(cfg.Distribution, cfg.Extraction); err != nil {
+		return err
+	}
+	if err := a.admin.Reconfigure(cfg.Admin); err != nil {
+		return err
+	}
+	a.cfg, a.plugins = cfg, set
+	return nil
+}
+
+// immutableOnReload refuses changes that need a restart: the listeners are
+// bound once, and the stores are opened once.
+func immutableOnReload(old, next *config.Config) error {
+	var errs config.Errors
+	if old.Listeners != next.Listeners {
+		errs = append(errs, config.FieldError{Path: "listeners", Msg: "cannot change on reload; restart the service"})
+	}
+	if old.Storage.Mode != next.Storage.Mode || old.Storage.Redis.URL != next.Storage.Redis.URL || old.Storage.Postgres.URL != next.Storage.Postgres.URL {
+		errs = append(errs, config.FieldError{Path: "storage", Msg: "cannot change on reload; restart the service"})
+	}
+	if old.StateDir != next.StateDir {
+		errs = append(errs, config.FieldError{Path: "stateDir", Msg: "cannot change on reload; restart the service"})
+	}
+	if (old.Demo == nil) != (next.Demo == nil) || (old.Demo != nil && *old.Demo != *next.Demo) {
+		errs = append(errs, config.FieldError{Path: "demo", Msg: "cannot change on reload; restart the service"})
+	}
+	if len(errs) > 0 {
+		return errs
+	}
+	return nil
+}
+
+var _ httpapi.Reloader = (*appliance)(nil)

@@ -1,0 +1,256 @@
+package checker
+
+import (
+	"context"
+	"net"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/proxypool/proxypool/engine/domain/proxy"
+	"github.com/proxypool/proxypool/testenv"
+)
+
+func proxyFor(t *testing.T, up *testenv.UpstreamProxy, user, pass string) proxy.Proxy {
+	t.Helper()
+	key := proxy.Key{Scheme: proxy.SchemeHTTP, Host: up.Host(), Port: uint16(up.Port()), Username: user}
+	return proxy.Proxy{ID: proxy.MakeID(key), Key: key, Password: pass, Upstream: "vendor-a"}
+}
+
+func TestBasicCheck(t *testing.T) {
+	up, err := testenv.NewUpstreamProxy(testenv.UpstreamConfig{Username: "u", Password: "secret"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = up.Close() })
+	// A probe target that accepts and holds connections: the CONNECT must
+	// reach it for the proxy to answer 200.
+	target, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = target.Close() })
+	go func() {
+		for {
+			c, err := target.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { _ = c.Close() })
+		}
+	}()
+
+	cases := []struct {
+		name       string
+		probe      string
+		user, pass string
+		fault      testenv.UpstreamFault
+		timeout    time.Duration
+		wantOK     bool
+		wantPhase  Phase
+		wantStatus int
+	}{
+		{name: "ok self probe", user: "u", pass: "secret", wantOK: true, wantStatus: 200},
+		{name: "ok probe target", probe: target.Addr().String(), user: "u", pass: "secret", wantOK: true, wantStatus: 200},
+		{name: "wrong password 407", user: "u", pass: "nope", wantPhase: PhaseHandshake, wantStatus: 407},
+		{name: "no credentials 407", wantPhase: PhaseHandshake, wantStatus: 407},
+		{name: "fault 407", user: "u", pass: "secret", fault: testenv.FaultHandshake407, wantPhase: PhaseHandshake, wantStatus: 407},
+		{name: "fault 502", user: "u", pass: "secret", fault: testenv.FaultHandshake502, wantPhase: PhaseHandshake, wantStatus: 502},
+		{name: "refused", user: "u", pass: "secret", fault: testenv.FaultRefuse, wantPhase: PhaseDial},
+		{name: "slow times out", user: "u", pass: "secret", fault: testenv.FaultSlow, timeout: 200 * time.Millisecond, wantPhase: PhaseHandshake},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := up.SetFault(tc.fault); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = up.SetFault(testenv.FaultNone) })
+			c := New(Options{ProbeTarget: tc.probe})
+			obs := c.Check(context.Background(), Task{Proxy: proxyFor(t, up, tc.user, tc.pass), Timeout: tc.timeout})
+			if obs.Success != tc.wantOK || obs.Phase != tc.wantPhase || obs.Status != tc.wantStatus {
+				t.Fatalf("obs = success %v phase %s status %d (%s); want %v %s %d", obs.Success, obs.Phase, obs.Status, obs.Err, tc.wantOK, tc.wantPhase, tc.wantStatus)
+			}
+			if obs.Level != LevelBasic || obs.ID == "" || obs.Upstream != "vendor-a" {
+				t.Fatalf("observation not attributed: %+v", obs)
+			}
+			if tc.pass != "" && containsString(obs.Err, tc.pass) {
+				t.Fatalf("observation error leaks the password: %q", obs.Err)
+			}
+		})
+	}
+}
+
+func containsString(s, sub string) bool {
+	for i := 0; i+len(sub) <= len(s); i++ {
+		if s[i:i+len(sub)] == sub {
+			return true
+		}
+	}
+	return false
+}
+
+func TestCheckUnsupportedScheme(t *testing.T) {
+	p := proxy.Proxy{ID: "x", Key: proxy.Key{Scheme: proxy.SchemeSOCKS5, Host: "127.0.0.1", Port: 1}}
+	obs := New(Options{}).Check(context.Background(), Task{Proxy: p})
+	if obs.Success || obs.Phase != PhaseNone {
+		t.Fatalf("socks5 check = %+v, want failure before dialling", obs)
+	}
+}
+
+// gateExec is an Executor whose checks block until released, recording the
+// order in which they started.
+type gateExec struct {
+	started chan proxy.ID
+	release chan struct{}
+}
+
+func newGate() *gateExec {
+	return &gateExec{started: make(chan proxy.ID, 100), release: make(chan struct{})}
+}
+
+func (g *gateExec) Check(ctx context.Context, t Task) Observation {
+	g.started <- t.Proxy.ID
+	select {
+	case <-g.release:
+	case <-ctx.Done():
+	}
+	return Observation{ID: t.Proxy.ID, Level: LevelBasic, Success: true}
+}
+
+func task(id string, p Priority) Task {
+	return Task{Proxy: proxy.Proxy{ID: proxy.ID(id)}, Priority: p}
+}
+
+func recv(t *testing.T, ch <-chan proxy.ID) proxy.ID {
+	t.Helper()
+	select {
+	case id := <-ch:
+		return id
+	case <-time.After(5 * time.Second):
+		t.Fatal("timed out waiting for a check to start")
+		return ""
+	}
+}
+
+func TestSchedulerPriorityOrder(t *testing.T) {
+	g := newGate()
+	reports := make(chan Observation, 10)
+	s := NewScheduler(SchedulerOptions{Executor: g, MaxInFlight: 1, QueueSize: 10, Report: func(o Observation) { reports <- o }})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = s.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	if err := s.Submit(task("blocker", PriorityNormal)); err != nil {
+		t.Fatal(err)
+	}
+	if got := recv(t, g.started); got != "blocker" {
+		t.Fatalf("first check %s", got)
+	}
+	for _, tk := range []Task{task("recheck-1", PriorityNormal), task("recheck-2", PriorityNormal), task("new-1", PriorityHigh), task("suspect-1", PriorityHigh)} {
+		if err := s.Submit(tk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Coalesced: a proxy already queued is not queued twice.
+	if err := s.Submit(task("recheck-1", PriorityNormal)); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Stats(); st.QueuedHigh != 2 || st.QueuedNormal != 2 || st.InFlight != 1 {
+		t.Fatalf("stats = %+v", st)
+	}
+	want := []proxy.ID{"new-1", "suspect-1", "recheck-1", "recheck-2"}
+	for _, w := range want {
+		g.release <- struct{}{}
+		if got := recv(t, g.started); got != w {
+			t.Fatalf("started %s, want %s", got, w)
+		}
+	}
+	g.release <- struct{}{}
+	for range 5 {
+		select {
+		case <-reports:
+		case <-time.After(5 * time.Second):
+			t.Fatal("missing report")
+		}
+	}
+	if s.Pending("new-1") {
+		t.Fatal("a finished check is still pending")
+	}
+}
+
+func TestSchedulerBounds(t *testing.T) {
+	g := newGate()
+	s := NewScheduler(SchedulerOptions{Executor: g, MaxInFlight: 1, QueueSize: 2})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = s.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	if err := s.Submit(task("blocker", PriorityHigh)); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, g.started)
+
+	steps := []struct {
+		t       Task
+		wantErr bool
+	}{
+		{task("n1", PriorityNormal), false},
+		{task("n2", PriorityNormal), false},
+		{task("n3", PriorityNormal), true}, // full: an ordinary recheck is dropped
+		{task("h1", PriorityHigh), false},  // evicts n1
+		{task("h2", PriorityHigh), false},  // evicts n2
+		{task("h3", PriorityHigh), true},   // nothing to evict: refused, counted
+	}
+	for i, st := range steps {
+		err := s.Submit(st.t)
+		if (err != nil) != st.wantErr {
+			t.Fatalf("step %d (%s): err = %v, want error %v", i, st.t.Proxy.ID, err, st.wantErr)
+		}
+		if err != nil && err != ErrQueueFull {
+			t.Fatalf("step %d: err = %v, want ErrQueueFull", i, err)
+		}
+	}
+	st := s.Stats()
+	if st.QueuedHigh != 2 || st.QueuedNormal != 0 || st.Dropped != 3 || st.Refused != 1 {
+		t.Fatalf("stats = %+v, want 2 high queued, 3 dropped, 1 refused", st)
+	}
+	for _, id := range []proxy.ID{"n1", "n2", "n3", "h3"} {
+		if s.Pending(id) {
+			t.Fatalf("%s is pending after being shed", id)
+		}
+	}
+	for _, w := range []proxy.ID{"h1", "h2"} {
+		g.release <- struct{}{}
+		if got := recv(t, g.started); got != w {
+			t.Fatalf("started %s, want %s", got, w)
+		}
+	}
+	g.release <- struct{}{}
+}
+
+func TestSchedulerInFlightBound(t *testing.T) {
+	g := newGate()
+	s := NewScheduler(SchedulerOptions{Executor: g, MaxInFlight: 3, QueueSize: 100})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = s.Run(ctx); close(done) }()
+	for i := range 10 {
+		if err := s.Submit(task("p"+strconv.Itoa(i), PriorityNormal)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 3 {
+		recv(t, g.started)
+	}
+	select {
+	case id := <-g.started:
+		t.Fatalf("a fourth check (%s) started with maxInFlight 3", id)
+	default:
+	}
+	if st := s.Stats(); st.InFlight != 3 || st.QueuedNormal != 7 {
+		t.Fatalf("stats = %+v", st)
+	}
+	cancel()
+	<-done // running checks see the cancellation and Run waits for them
+}

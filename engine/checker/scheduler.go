@@ -1,0 +1,281 @@
+package checker
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/proxypool/proxypool/engine/domain/proxy"
+)
+
+// Priority orders the check queue.
+type Priority uint8
+
+// Priorities: new (CHECKING) and SUSPECT proxies go first; ordinary
+// rechecks of AVAILABLE proxies are the first to be shed under backlog.
+const (
+	PriorityHigh Priority = iota + 1
+	PriorityNormal
+)
+
+func (p Priority) String() string {
+	if p == PriorityHigh {
+		return "high"
+	}
+	return "normal"
+}
+
+// ErrQueueFull is returned when a task could not be queued. A normal task
+// is dropped; a high one is refused so its caller can retry later.
+var ErrQueueFull = errors.New("check queue full")
+
+// Executor runs one check; *Checker implements it, and so does a remote
+// checker client in a cluster.
+type Executor interface {
+	Check(ctx context.Context, t Task) Observation
+}
+
+// Scheduler defaults.
+const (
+	DefaultMaxInFlight = 64
+	DefaultQueueSize   = 4096
+)
+
+// SchedulerOptions configures a Scheduler.
+type SchedulerOptions struct {
+	Executor    Executor
+	MaxInFlight int // concurrent checks; default DefaultMaxInFlight
+	QueueSize   int // queued tasks across both priorities; default DefaultQueueSize
+	// Report receives every observation, from the check's goroutine. It
+	// must not block for long: it holds an in-flight slot.
+	Report   func(Observation)
+	Registry *prometheus.Registry
+}
+
+// Stats is a point-in-time view of the scheduler.
+type Stats struct {
+	QueuedHigh, QueuedNormal int
+	InFlight                 int
+	Dropped, Refused         int64
+}
+
+// Scheduler runs checks with bounded concurrency from a bounded queue. A
+// proxy has at most one task queued or running at a time.
+type Scheduler struct {
+	exec      Executor
+	report    func(Observation)
+	inflight  chan struct{}
+	queueSize int
+	wake      chan struct{}
+	m         *schedMetrics
+
+	mu      sync.Mutex
+	high    []Task
+	normal  []Task
+	pending map[proxy.ID]bool
+	running int
+	dropped int64
+	refused int64
+}
+
+// NewScheduler returns a Scheduler; Run starts it.
+func NewScheduler(o SchedulerOptions) *Scheduler {
+	if o.MaxInFlight <= 0 {
+		o.MaxInFlight = DefaultMaxInFlight
+	}
+	if o.QueueSize <= 0 {
+		o.QueueSize = DefaultQueueSize
+	}
+	if o.Report == nil {
+		o.Report = func(Observation) {}
+	}
+	return &Scheduler{
+		exec:      o.Executor,
+		report:    o.Report,
+		inflight:  make(chan struct{}, o.MaxInFlight),
+		queueSize: o.QueueSize,
+		wake:      make(chan struct{}, 1),
+		m:         newSchedMetrics(o.Registry),
+		pending:   make(map[proxy.ID]bool),
+	}
+}
+
+// Submit queues t. A proxy already queued or running is coalesced (nil).
+// When the queue is full a normal task is dropped and a high one evicts the
+// oldest normal task, or is refused when there is none; both return
+// ErrQueueFull and are counted.
+func (s *Scheduler) Submit(t Task) error {
+	if t.Priority == 0 {
+		t.Priority = PriorityNormal
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pending[t.Proxy.ID] {
+		return nil
+	}
+	if len(s.high)+len(s.normal) >= s.queueSize {
+		if t.Priority == PriorityNormal || len(s.normal) == 0 {
+			s.countRejected(t.Priority)
+			return ErrQueueFull
+		}
+		evicted := s.normal[0]
+		s.normal[0] = Task{}
+		s.normal = s.normal[1:]
+		delete(s.pending, evicted.Proxy.ID)
+		s.countRejected(PriorityNormal)
+	}
+	if t.Priority == PriorityHigh {
+		s.high = append(s.high, t)
+	} else {
+		s.normal = append(s.normal, t)
+	}
+	s.pending[t.Proxy.ID] = true
+	s.gauges()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+func (s *Scheduler) countRejected(p Priority) {
+	if p == PriorityNormal {
+		s.dropped++
+	} else {
+		s.refused++
+	}
+	s.m.dropped.WithLabelValues(p.String()).Inc()
+}
+
+// Pending reports whether id is queued or being checked.
+func (s *Scheduler) Pending(id proxy.ID) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pending[id]
+}
+
+// Stats returns the current counts.
+func (s *Scheduler) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Stats{QueuedHigh: len(s.high), QueuedNormal: len(s.normal), InFlight: s.running, Dropped: s.dropped, Refused: s.refused}
+}
+
+// Run dispatches queued tasks until ctx is done, then waits for running
+// checks (which see ctx cancelled) and returns.
+func (s *Scheduler) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		select {
+		case s.inflight <- struct{}{}:
+		case <-ctx.Done():
+			return nil
+		}
+		t, ok := s.next()
+		for !ok {
+			select {
+			case <-s.wake:
+			case <-ctx.Done():
+				<-s.inflight
+				return nil
+			}
+			t, ok = s.next()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.m.inFlight.Inc()
+			obs := s.exec.Check(ctx, t)
+			s.m.inFlight.Dec()
+			s.m.observe(obs)
+			if ctx.Err() == nil {
+				// A check cut short by shutdown says nothing about the proxy.
+				s.report(obs)
+			}
+			s.mu.Lock()
+			delete(s.pending, t.Proxy.ID)
+			s.running--
+			s.mu.Unlock()
+			<-s.inflight
+		}()
+	}
+}
+
+// next pops the highest-priority task.
+func (s *Scheduler) next() (Task, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var t Task
+	switch {
+	case len(s.high) > 0:
+		t = s.high[0]
+		s.high[0] = Task{}
+		s.high = s.high[1:]
+	case len(s.normal) > 0:
+		t = s.normal[0]
+		s.normal[0] = Task{}
+		s.normal = s.normal[1:]
+	default:
+		return Task{}, false
+	}
+	s.running++
+	s.gauges()
+	return t, true
+}
+
+func (s *Scheduler) gauges() {
+	s.m.depth.WithLabelValues("high").Set(float64(len(s.high)))
+	s.m.depth.WithLabelValues("normal").Set(float64(len(s.normal)))
+}
+
+type schedMetrics struct {
+	checks   *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+	depth    *prometheus.GaugeVec
+	inFlight prometheus.Gauge
+	dropped  *prometheus.CounterVec
+}
+
+func newSchedMetrics(reg *prometheus.Registry) *schedMetrics {
+	m := &schedMetrics{
+		checks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "proxypool", Subsystem: "checker", Name: "checks_total",
+			Help: "Health checks executed, by level and result.",
+		}, []string{"level", "result"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "proxypool", Subsystem: "checker", Name: "check_duration_seconds",
+			Help:    "Health check latency.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2.5, 10),
+		}, []string{"level"}),
+		depth: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "proxypool", Subsystem: "checker", Name: "queue_depth",
+			Help: "Queued check tasks, by priority.",
+		}, []string{"priority"}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "proxypool", Subsystem: "checker", Name: "in_flight",
+			Help: "Checks running now.",
+		}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "proxypool", Subsystem: "checker", Name: "dropped_total",
+			Help: "Check tasks shed (normal) or refused (high) because the queue was full.",
+		}, []string{"priority"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.checks, m.duration, m.depth, m.inFlight, m.dropped)
+	}
+	return m
+}
+
+func (m *schedMetrics) observe(o Observation) {
+	result := "success"
+	if !o.Success {
+		result = "failure_" + o.Phase.String()
+	}
+	m.checks.WithLabelValues(o.Level.String(), result).Inc()
+	m.duration.WithLabelValues(o.Level.String()).Observe(o.Latency.Seconds())
+}
+
+var _ Executor = (*Checker)(nil)

@@ -1,0 +1,557 @@
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/proxypool/proxypool/engine/checker"
+	"github.com/proxypool/proxypool/engine/config"
+	"github.com/proxypool/proxypool/engine/controller/distribution"
+	ctlext "github.com/proxypool/proxypool/engine/controller/extraction"
+	"github.com/proxypool/proxypool/engine/controller/health"
+	"github.com/proxypool/proxypool/engine/controller/pool"
+	"github.com/proxypool/proxypool/engine/controller/provider"
+	ctlrouting "github.com/proxypool/proxypool/engine/controller/routing"
+	"github.com/proxypool/proxypool/engine/domain/activitypool"
+	"github.com/proxypool/proxypool/engine/domain/extraction"
+	"github.com/proxypool/proxypool/engine/domain/management"
+	"github.com/proxypool/proxypool/engine/domain/proxy"
+	"github.com/proxypool/proxypool/engine/domain/upstream"
+	"github.com/proxypool/proxypool/engine/domain/worker"
+)
+
+// Worker is a gateway worker as the controller drives it: it applies
+// snapshots and reports its runtime counts.
+type Worker interface {
+	worker.Applier
+	worker.RuntimeReader
+}
+
+// DefaultWorkerID names the in-process worker of the standalone appliance.
+const DefaultWorkerID = "local"
+
+// Timing overrides loop periods; zero values take each loop's default.
+// Tests shorten them; production leaves them alone.
+type Timing struct {
+	Publish, Lifecycle, HealthSweep, ProviderTick, Reconcile time.Duration
+}
+
+// Options configures New.
+type Options struct {
+	Config     *config.Config
+	Pool       activitypool.Pool
+	Management management.Store
+	Providers  upstream.Provider
+	// Worker is the gateway in this process; nil when there is none (then
+	// every AVAILABLE proxy stays unowned and extractable).
+	Worker   Worker
+	WorkerID string
+	Logger   *slog.Logger
+	Registry *prometheus.Registry
+	Now      func() time.Time
+	Version  string
+	// ProbeTarget is the host:port the BASIC check CONNECTs to through each
+	// proxy; empty: the proxy's own address (see checker.Options).
+	ProbeTarget string
+	// Checker runs checks; nil: an in-process checker.
+	Checker checker.Executor
+	Timing  Timing
+}
+
+// Controller is the control plane. Create with New, start with Run.
+type Controller struct {
+	o         Options
+	log       *slog.Logger
+	startedAt time.Time
+
+	cfg      atomic.Pointer[config.Config]
+	loadedAt atomic.Pointer[time.Time]
+	reloadMu sync.Mutex
+	ready    atomic.Bool
+	last     atomic.Pointer[ReloadStatus]
+	runCtx   atomic.Pointer[context.Context]
+
+	sup    *provider.Supervisor
+	sched  *checker.Scheduler
+	health *health.Service
+	life   *pool.Lifecycle
+	sw     *ctlrouting.Switcher
+	pub    *distribution.Publisher
+	ext    *ctlext.Service
+}
+
+// Bounds of the admin views.
+const (
+	maxProxyView    = 10000
+	maxUpstreamScan = 100000
+	hookTimeout     = 10 * time.Second
+)
+
+// New builds a controller for cfg. It fails if a provider plugin of cfg
+// cannot be resolved.
+func New(o Options) (*Controller, error) {
+	switch {
+	case o.Config == nil:
+		return nil, errors.New("creating controller: no configuration")
+	case o.Pool == nil:
+		return nil, errors.New("creating controller: no activity pool")
+	case o.Management == nil:
+		return nil, errors.New("creating controller: no management store")
+	case o.Providers == nil:
+		return nil, errors.New("creating controller: no provider set")
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.WorkerID == "" {
+		o.WorkerID = DefaultWorkerID
+	}
+	if o.Checker == nil {
+		o.Checker = checker.New(checker.Options{ProbeTarget: o.ProbeTarget, Now: o.Now})
+	}
+	c := &Controller{o: o, log: o.Logger.With("component", "controller"), startedAt: o.Now()}
+	c.cfg.Store(o.Config)
+	t := o.Now()
+	c.loadedAt.Store(&t)
+
+	c.sw = ctlrouting.New(ctlrouting.Options{
+		Store: o.Management, Enabled: c.allocatable,
+		Logger: o.Logger.With("component", "routing"), Registry: o.Registry,
+	})
+	c.pub = distribution.New(distribution.Options{
+		Store: o.Pool, Cursors: o.Management, OnPublished: c.onPublished,
+		Now: o.Now, Logger: o.Logger.With("component", "distribution"), Registry: o.Registry,
+		Every: o.Timing.Publish,
+	})
+	if o.Worker != nil {
+		c.pub.Register(o.WorkerID, o.Worker)
+	}
+	c.sched = checker.NewScheduler(checker.SchedulerOptions{
+		Executor: o.Checker, MaxInFlight: checkInFlight(o.Config), Report: c.onObservation, Registry: o.Registry,
+	})
+	c.health = health.New(health.Options{
+		Store: o.Pool, Scheduler: c.sched, Policy: c.checkPolicy, OnChange: c.onHealthChange,
+		Now: o.Now, Logger: o.Logger.With("component", "health"), Registry: o.Registry,
+		SweepEvery: o.Timing.HealthSweep,
+	})
+	c.sup = provider.NewSupervisor(provider.SupervisorOptions{
+		Store: o.Pool, Overrides: o.Management,
+		Depleted: c.onDepleted,
+		Admitted: func(ctx context.Context, _ string, ids []proxy.ID) { c.health.Schedule(ctx, ids) },
+		Now:      o.Now, Logger: o.Logger.With("component", "provider"), Registry: o.Registry,
+		ReconcileEvery: o.Timing.Reconcile, Tick: o.Timing.ProviderTick,
+	})
+	c.life = pool.New(pool.Options{
+		Store: o.Pool, Workers: c.workers, SnapshotVersion: c.pub.Version, Known: c.allocatable,
+		OnDrop: c.sup.Signal, OnChange: c.pub.Trigger,
+		Now: o.Now, Logger: o.Logger.With("component", "pool"), Registry: o.Registry,
+		Every: o.Timing.Lifecycle,
+	})
+	var pubForExt ctlext.Publisher
+	if o.Worker != nil {
+		pubForExt = c.pub
+	}
+	c.ext = ctlext.New(ctlext.Options{
+		Store: o.Pool, Publisher: pubForExt, Workers: c.workers,
+		Now: o.Now, Logger: o.Logger.With("component", "extraction"), Registry: o.Registry,
+	}, extractionConfig(o.Config))
+	if err := c.sup.Update(o.Config, o.Providers); err != nil {
+		return nil, fmt.Errorf("creating controller: %w", err)
+	}
+	c.applyView(o.Config)
+	return c, nil
+}
+
+func checkInFlight(cfg *config.Config) int {
+	n := 0
+	for _, u := range cfg.Upstreams {
+		n = max(n, u.Check.MaxInFlight)
+	}
+	if n == 0 {
+		n = checker.DefaultMaxInFlight
+	}
+	return n
+}
+
+func extractionConfig(cfg *config.Config) ctlext.Config {
+	e := cfg.Extraction
+	return ctlext.Config{
+		MinRemainingTTL: e.MinRemainingTTL, MaxHealthCheckAge: e.MaxHealthCheckAge,
+		ReserveForGateway: e.ReserveForGateway, IdempotencyTTL: e.IdempotencyTTL,
+		MaxCount: e.MaxCount, PerClientPerMinute: e.PerClientPerMinute,
+	}
+}
+
+// applyView pushes the configuration-derived state to the components.
+func (c *Controller) applyView(cfg *config.Config) {
+	c.sw.SetRules(ctlrouting.Compile(cfg.Routings))
+	c.pub.SetView(distribution.View{
+		Rules: ctlrouting.Compile(cfg.Routings), Disabled: c.disabled(cfg), MaxStaleAge: cfg.Gateway.MaxStaleAge,
+	})
+	c.ext.SetConfig(extractionConfig(cfg))
+}
+
+func (c *Controller) disabled(cfg *config.Config) map[string]bool {
+	out := map[string]bool{}
+	for _, u := range cfg.Upstreams {
+		if !c.sup.Enabled(u.Name) {
+			out[u.Name] = true
+		}
+	}
+	return out
+}
+
+// allocatable: configured, enabled in config and not disabled by an admin.
+func (c *Controller) allocatable(name string) bool { return c.sup.Enabled(name) }
+
+func (c *Controller) checkPolicy(name string) (health.Policy, bool) {
+	u := c.cfg.Load().Upstream(name)
+	if u == nil || !c.sup.Enabled(name) {
+		return health.Policy{}, false
+	}
+	return health.Policy{FailureThreshold: u.Check.FailureThreshold, Interval: u.Check.Interval, Timeout: u.Check.Timeout}, true
+}
+
+func (c *Controller) workers() []worker.RuntimeReader {
+	if c.o.Worker == nil {
+		return nil
+	}
+	return []worker.RuntimeReader{c.o.Worker}
+}
+
+func (c *Controller) baseCtx() context.Context {
+	if p := c.runCtx.Load(); p != nil {
+		return *p
+	}
+	return context.Background()
+}
+
+func (c *Controller) onObservation(obs checker.Observation) {
+	ctx, cancel := context.WithTimeout(c.baseCtx(), hookTimeout)
+	defer cancel()
+	if err := c.health.Observe(ctx, obs); err != nil {
+		c.log.Warn("applying health observation", "proxy", obs.ID, "err", err)
+	}
+}
+
+func (c *Controller) onHealthChange(up string, from, to proxy.State) {
+	if to == proxy.StateAvailable || from == proxy.StateAvailable {
+		c.pub.Trigger()
+	}
+	if to != proxy.StateAvailable {
+		c.sup.Signal(up) // usable or pending inventory shrank
+	}
+}
+
+func (c *Controller) onDepleted(ctx context.Context, up string) {
+	moved, err := c.sw.Depleted(ctx, up)
+	if err != nil {
+		c.log.Warn("advancing sequential routings", "upstream", up, "err", err)
+	}
+	if len(moved) > 0 {
+		c.pub.Trigger()
+	}
+}
+
+func (c *Controller) onPublished(_ string, s *worker.Snapshot) {
+	if len(s.Proxies) > 0 {
+		c.ready.Store(true)
+	}
+}
+
+// Run starts every loop and blocks until ctx is done, then stops them and
+// waits for them to finish.
+func (c *Controller) Run(ctx context.Context) error {
+	c.runCtx.Store(&ctx)
+	loops := []func(context.Context) error{c.sup.Run, c.sched.Run, c.health.Run, c.life.Run, c.pub.Run}
+	var wg sync.WaitGroup
+	for _, run := range loops {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := run(ctx); err != nil {
+				c.log.Error("controller loop stopped", "err", err)
+			}
+		}()
+	}
+	c.log.Info("controller started", "upstreams", len(c.cfg.Load().Upstreams), "version", c.o.Version)
+	wg.Wait()
+	return nil
+}
+
+// Ready reports whether a snapshot with at least one AVAILABLE proxy has
+// been published, or there is no upstream to wait for.
+func (c *Controller) Ready() bool {
+	return c.ready.Load() || len(c.cfg.Load().Upstreams) == 0
+}
+
+// Config returns the configuration in force.
+func (c *Controller) Config() *config.Config { return c.cfg.Load() }
+
+// Reload installs cfg (seed 000 §14): every provider plugin is resolved
+// first and any failure keeps the old generation; then the configuration is
+// swapped atomically, runtimes are started, replaced or stopped, routings
+// and extraction defaults take effect for new requests, and proxies of
+// removed upstreams drain.
+func (c *Controller) Reload(ctx context.Context, cfg *config.Config, providers upstream.Provider) error {
+	if cfg == nil || providers == nil {
+		return errors.New("reloading: no configuration or provider set")
+	}
+	c.reloadMu.Lock()
+	defer c.reloadMu.Unlock()
+	if err := c.sup.Update(cfg, providers); err != nil {
+		return fmt.Errorf("reloading: %w", err)
+	}
+	c.cfg.Store(cfg)
+	t := c.o.Now()
+	c.loadedAt.Store(&t)
+	c.applyView(cfg)
+	c.life.Signal()
+	c.pub.Trigger()
+	c.log.Info("configuration reloaded", "source", cfg.Source, "upstreams", len(cfg.Upstreams), "routings", len(cfg.Routings))
+	return nil
+}
+
+// RecordReload records the outcome of a reload attempt (audit and status).
+func (c *Controller) RecordReload(actor string, err error) {
+	st := &ReloadStatus{At: c.o.Now(), OK: err == nil}
+	if err != nil {
+		var ce config.Errors
+		if errors.As(err, &ce) {
+			for _, e := range ce {
+				st.Errors = append(st.Errors, e.Error())
+			}
+		} else {
+			st.Errors = []string{err.Error()}
+		}
+	}
+	c.last.Store(st)
+	ctx, cancel := context.WithTimeout(c.baseCtx(), hookTimeout)
+	defer cancel()
+	c.audit(ctx, actor, "config.reload", c.cfg.Load().Source, err)
+}
+
+// audit appends an entry; a failure is logged, not returned: the audited
+// operation already happened (or failed on its own).
+func (c *Controller) audit(ctx context.Context, actor, action, target string, opErr error) {
+	result := "ok"
+	if opErr != nil {
+		result = opErr.Error()
+	}
+	e := management.AuditEntry{At: c.o.Now(), Actor: actor, Action: action, Target: target, Result: result}
+	if err := c.o.Management.AppendAudit(ctx, e); err != nil {
+		c.log.Warn("writing audit entry", "action", action, "target", target, "err", err)
+	}
+}
+
+// unavailable marks a management store failure for the 503 mapping.
+func unavailable(what string, err error) error {
+	if errors.Is(err, management.ErrUnavailable) {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return fmt.Errorf("%s: %w: %w", what, management.ErrUnavailable, err)
+}
+
+// Extract performs one exclusive extraction; see extraction.Service.
+func (c *Controller) Extract(ctx context.Context, req extraction.Request) (extraction.Result, error) {
+	return c.ext.Extract(ctx, req)
+}
+
+// SetUpstreamEnabled writes an admin override, audits it and applies it:
+// a disabled upstream stops fetching and new allocations, its proxies
+// drain.
+func (c *Controller) SetUpstreamEnabled(ctx context.Context, actor, name string, enabled bool) error {
+	action := "upstream.disable"
+	if enabled {
+		action = "upstream.enable"
+	}
+	if c.cfg.Load().Upstream(name) == nil {
+		return fmt.Errorf("setting upstream %q: %w", name, ErrUnknownUpstream)
+	}
+	err := c.o.Management.SetUpstreamEnabled(ctx, name, enabled)
+	c.audit(ctx, actor, action, name, err)
+	if err != nil {
+		return unavailable(fmt.Sprintf("setting upstream %q", name), err)
+	}
+	c.sup.SetEnabled(name, enabled)
+	c.applyView(c.cfg.Load())
+	c.pub.Trigger()
+	c.life.Signal()
+	return nil
+}
+
+// SwitchRouting moves a sequential routing to the upstream at index.
+func (c *Controller) SwitchRouting(ctx context.Context, actor, name string, index int) error {
+	_, err := c.sw.Switch(ctx, name, index)
+	if errors.Is(err, ErrUnknownRouting) {
+		return err
+	}
+	c.audit(ctx, actor, "routing.switch", fmt.Sprintf("%s[%d]", name, index), err)
+	switch {
+	case errors.Is(err, ErrInvalidSwitch):
+		return err
+	case err != nil:
+		return unavailable("switching routing", err)
+	}
+	c.pub.Trigger()
+	return nil
+}
+
+// Audit returns the latest audit entries, newest last as the store keeps
+// them.
+func (c *Controller) Audit(ctx context.Context, limit int) ([]management.AuditEntry, error) {
+	es, err := c.o.Management.ListAudit(ctx, limit)
+	if err != nil {
+		return nil, unavailable("listing audit", err)
+	}
+	return es, nil
+}
+
+// Proxies lists proxies without credentials.
+func (c *Controller) Proxies(ctx context.Context, f activitypool.Filter) ([]ProxyView, error) {
+	if f.Limit <= 0 || f.Limit > maxProxyView {
+		f.Limit = maxProxyView
+	}
+	ps, err := c.o.Pool.List(ctx, f)
+	if err != nil {
+		return nil, fmt.Errorf("listing proxies: %w", err)
+	}
+	out := make([]ProxyView, 0, len(ps))
+	for i := range ps {
+		out = append(out, view(&ps[i]))
+	}
+	return out, nil
+}
+
+func view(p *proxy.Proxy) ProxyView {
+	v := ProxyView{
+		ID: p.ID, Upstream: p.Upstream, Scheme: string(p.Key.Scheme), Host: p.Key.Host, Port: p.Key.Port,
+		HasAuth: p.Key.Username != "" || p.Password != "", State: p.State.String(), Owner: p.Owner,
+		ExpiresAt: p.ExpiresAt, UsableUntil: p.UsableUntil, Region: p.Region, Carrier: p.Carrier,
+	}
+	if !p.LastCheckedAt.IsZero() {
+		t := p.LastCheckedAt
+		v.LastCheckedAt = &t
+	}
+	return v
+}
+
+// Status is the appliance-wide view.
+func (c *Controller) Status(ctx context.Context) (Status, error) {
+	cfg := c.cfg.Load()
+	counts, err := c.o.Pool.Counts(ctx)
+	if err != nil {
+		return Status{}, fmt.Errorf("reading pool counts: %w", err)
+	}
+	st := Status{
+		Version: c.o.Version, StartedAt: c.startedAt, ConfigSource: cfg.Source, ConfigLoadedAt: *c.loadedAt.Load(),
+		Ready: c.Ready(), StorageMode: cfg.Storage.Mode, Proxies: map[string]int{},
+		Upstreams: len(cfg.Upstreams), Routings: len(cfg.Routings), LastReload: c.last.Load(),
+	}
+	for s, n := range counts {
+		st.Proxies[s.String()] = n
+	}
+	if s := c.pub.Last(); s != nil {
+		st.Snapshot = SnapshotStatus{Version: s.Version, GeneratedAt: s.GeneratedAt, Proxies: len(s.Proxies)}
+	}
+	ec := c.ext.Counters()
+	st.Extraction = ExtractionCounters{Requests: ec.Requests, Returned: ec.Returned, Insufficient: ec.Insufficient}
+	for _, w := range c.pub.Workers() {
+		ws := WorkerStatus{ID: w.ID, SnapshotVersion: w.Version}
+		if w.ID == c.o.WorkerID && c.o.Worker != nil {
+			for _, r := range c.o.Worker.Runtime() {
+				ws.Active += r.Active
+				ws.Reserved += r.Reserved
+			}
+		}
+		st.Workers = append(st.Workers, ws)
+	}
+	return st, nil
+}
+
+// Upstreams lists every configured upstream with its inventory and fetch
+// state.
+func (c *Controller) Upstreams(ctx context.Context) ([]UpstreamStatus, error) {
+	cfg := c.cfg.Load()
+	now := c.o.Now()
+	out := make([]UpstreamStatus, 0, len(cfg.Upstreams))
+	for _, u := range cfg.Upstreams {
+		inv, err := c.o.Pool.Inventory(ctx, u.Name, now)
+		if err != nil {
+			return nil, fmt.Errorf("reading inventory of %s: %w", u.Name, err)
+		}
+		ps, err := c.o.Pool.List(ctx, activitypool.Filter{Upstream: u.Name, Limit: maxUpstreamScan})
+		if err != nil {
+			return nil, fmt.Errorf("listing proxies of %s: %w", u.Name, err)
+		}
+		states := map[string]int{}
+		for i := range ps {
+			states[ps[i].State.String()]++
+		}
+		us := UpstreamStatus{
+			Name: u.Name, Plugin: u.Provider.Plugin, Enabled: c.sup.Enabled(u.Name), States: states,
+			Managed: inv.Managed, Available: inv.Available, AvailableSlots: inv.AvailableSlots, Pending: inv.Pending,
+		}
+		fs, running := c.sup.Status(u.Name)
+		us.Fetch = fetchStatus(fs)
+		if !running && us.Fetch.Stopped == "" && !us.Enabled {
+			us.Fetch.Stopped = "disabled"
+		}
+		out = append(out, us)
+	}
+	return out, nil
+}
+
+func fetchStatus(s provider.Status) FetchStatus {
+	f := FetchStatus{
+		Calls: s.Calls, Success: s.Success, Empty: s.Empty, DuplicateOnly: s.DuplicateOnly, Errors: s.Errors,
+		ConsecutiveEmpty: s.ConsecutiveEmpty, ConsecutiveError: s.ConsecutiveErrors, TotalFetched: s.TotalFetched,
+		LastOutcome: s.LastOutcome, LastError: s.LastError, Stopped: s.Stopped,
+	}
+	if !s.LastFetchAt.IsZero() {
+		t := s.LastFetchAt
+		f.LastFetchAt = &t
+	}
+	if !s.BackoffUntil.IsZero() && s.BackoffUntil.After(s.LastFetchAt) {
+		t := s.BackoffUntil
+		f.BackoffUntil = &t
+	}
+	return f
+}
+
+// Routings lists every routing with its sequential cursor.
+func (c *Controller) Routings(ctx context.Context) ([]RoutingStatus, error) {
+	cfg := c.cfg.Load()
+	out := make([]RoutingStatus, 0, len(cfg.Routings))
+	for _, r := range cfg.Routings {
+		rs := RoutingStatus{
+			Name: r.Name, Strategy: r.Strategy, Upstreams: append([]string(nil), r.Upstreams...),
+			OnUnavailable: r.OnUnavailable,
+		}
+		if r.Strategy == "sequential" {
+			cur, err := c.o.Management.Cursor(ctx, r.Name)
+			if err != nil {
+				return nil, unavailable(fmt.Sprintf("reading routing %q", r.Name), err)
+			}
+			rs.CurrentIndex = ctlrouting.Effective(cur, len(r.Upstreams))
+			rs.Generation = cur.Generation
+			if rs.CurrentIndex >= 0 {
+				rs.Current = r.Upstreams[rs.CurrentIndex]
+			}
+		}
+		out = append(out, rs)
+	}
+	return out, nil
+}
+
+var _ ctlext.Publisher = (*distribution.Publisher)(nil)

@@ -1,0 +1,22 @@
+// Package distribution owns snapshot publication to gateway workers (seed
+// 000 §11, §12.3): it assigns unowned AVAILABLE proxies to registered
+// workers (pool.SetOwner), re-reads what each worker owns, and pushes each
+// a complete worker.Snapshot with a monotonic version, ValidUntil = now +
+// maxStaleAge, the compiled routings, the sequential cursors and the
+// disabled upstreams. It publishes on a ticker and on demand. Proxies being
+// revoked for extraction are excluded from assignment and from every
+// snapshot until released, which is what lets extraction drain them.
+//
+// In standalone mode one worker, "local", is registered; the assignment
+// balances over any number of workers.
+//
+// It must never import a concrete store or the gateway: workers are
+// worker.Applier values.
+//
+// Metrics:
+//
+//	proxypool_distribution_publish_total{result}        publish attempts per worker
+//	proxypool_distribution_publish_duration_seconds     build and apply time
+//	proxypool_distribution_snapshot_version             last version built
+//	proxypool_distribution_snapshot_proxies{worker}     proxies in a worker's last snapshot
+package distribution

@@ -1,0 +1,417 @@
+package distribution
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	ctlrouting "github.com/proxypool/proxypool/engine/controller/routing"
+	"github.com/proxypool/proxypool/engine/domain/activitypool"
+	"github.com/proxypool/proxypool/engine/domain/management"
+	"github.com/proxypool/proxypool/engine/domain/proxy"
+	"github.com/proxypool/proxypool/engine/domain/routing"
+	"github.com/proxypool/proxypool/engine/domain/worker"
+)
+
+// Store is the part of the activity pool the publisher needs.
+type Store interface {
+	List(ctx context.Context, f activitypool.Filter) ([]proxy.Proxy, error)
+	SetOwner(ctx context.Context, ids []proxy.ID, owner string) error
+}
+
+// CursorReader reads sequential cursors; management.Store implements it.
+type CursorReader interface {
+	Cursor(ctx context.Context, routing string) (routing.Cursor, error)
+}
+
+// Defaults and bounds.
+const (
+	DefaultEvery       = time.Second
+	DefaultMaxProxies  = 100000
+	DefaultMaxStaleAge = 2 * time.Minute
+	applyTimeout       = 5 * time.Second
+)
+
+// View is the configuration-derived part of a snapshot, swapped on reload
+// and admin changes.
+type View struct {
+	Rules       []routing.Rule
+	Disabled    map[string]bool
+	MaxStaleAge time.Duration
+}
+
+// Options configures a Publisher.
+type Options struct {
+	Store   Store
+	Cursors CursorReader
+	// OnPublished is told about each worker's applied snapshot (workerID
+	// "" when no worker is registered and the snapshot was only built). It
+	// must not block.
+	OnPublished func(workerID string, s *worker.Snapshot)
+	Now         func() time.Time
+	Logger      *slog.Logger
+	Registry    *prometheus.Registry
+	Every       time.Duration
+	MaxProxies  int
+}
+
+// WorkerState is a registered worker as the publisher last saw it.
+type WorkerState struct {
+	ID      string
+	Version uint64 // last version applied successfully
+	Proxies int
+	Err     string
+}
+
+type registered struct {
+	id      string
+	applier worker.Applier
+	state   WorkerState
+}
+
+// Publisher builds and pushes snapshots.
+type Publisher struct {
+	o       Options
+	view    atomic.Pointer[View]
+	trigger chan struct{}
+	m       *metrics
+
+	mu      sync.Mutex // serialises publishes, so workers see versions in order
+	workers []*registered
+	version uint64
+	cursors map[string]routing.Cursor // last known, for a store outage
+	last    atomic.Pointer[worker.Snapshot]
+	applied atomic.Uint64
+
+	exMu     sync.Mutex
+	excluded map[proxy.ID]int
+}
+
+// New returns a Publisher with an empty view.
+func New(o Options) *Publisher {
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.OnPublished == nil {
+		o.OnPublished = func(string, *worker.Snapshot) {}
+	}
+	if o.Every <= 0 {
+		o.Every = DefaultEvery
+	}
+	if o.MaxProxies <= 0 {
+		o.MaxProxies = DefaultMaxProxies
+	}
+	p := &Publisher{
+		o: o, trigger: make(chan struct{}, 1), m: newMetrics(o.Registry),
+		cursors: map[string]routing.Cursor{}, excluded: map[proxy.ID]int{},
+	}
+	p.view.Store(&View{MaxStaleAge: DefaultMaxStaleAge})
+	return p
+}
+
+// Register adds a worker; its first snapshot comes with the next publish.
+func (p *Publisher) Register(id string, a worker.Applier) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, w := range p.workers {
+		if w.id == id {
+			w.applier = a
+			return
+		}
+	}
+	p.workers = append(p.workers, &registered{id: id, applier: a, state: WorkerState{ID: id}})
+}
+
+// SetView installs a new configuration view; call Trigger or Publish to
+// push it.
+func (p *Publisher) SetView(v View) {
+	if v.MaxStaleAge <= 0 {
+		v.MaxStaleAge = DefaultMaxStaleAge
+	}
+	p.view.Store(&v)
+}
+
+// Exclude keeps ids out of assignment and out of every snapshot until a
+// matching Include. Exclusions nest (a count per id).
+func (p *Publisher) Exclude(ids []proxy.ID) {
+	p.exMu.Lock()
+	for _, id := range ids {
+		p.excluded[id]++
+	}
+	p.exMu.Unlock()
+}
+
+// Include releases an Exclude.
+func (p *Publisher) Include(ids []proxy.ID) {
+	p.exMu.Lock()
+	for _, id := range ids {
+		if p.excluded[id] <= 1 {
+			delete(p.excluded, id)
+		} else {
+			p.excluded[id]--
+		}
+	}
+	p.exMu.Unlock()
+}
+
+func (p *Publisher) excludedSet() map[proxy.ID]bool {
+	p.exMu.Lock()
+	defer p.exMu.Unlock()
+	out := make(map[proxy.ID]bool, len(p.excluded))
+	for id := range p.excluded {
+		out[id] = true
+	}
+	return out
+}
+
+// Trigger asks for a publish soon; triggers coalesce.
+func (p *Publisher) Trigger() {
+	select {
+	case p.trigger <- struct{}{}:
+	default:
+	}
+}
+
+// Last returns the last snapshot applied to the first registered worker
+// (or built, when none is registered); nil before the first publish.
+func (p *Publisher) Last() *worker.Snapshot { return p.last.Load() }
+
+// Version is the last version applied to every worker: a proxy removed from
+// snapshots before it can no longer be allocated anywhere.
+func (p *Publisher) Version() uint64 { return p.applied.Load() }
+
+// Workers returns the registered workers' states.
+func (p *Publisher) Workers() []WorkerState {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]WorkerState, 0, len(p.workers))
+	for _, w := range p.workers {
+		out = append(out, w.state)
+	}
+	return out
+}
+
+// Run publishes every Every and on Trigger until ctx is done.
+func (p *Publisher) Run(ctx context.Context) error {
+	t := time.NewTicker(p.o.Every)
+	defer t.Stop()
+	for {
+		if err := p.Publish(ctx); err != nil && ctx.Err() == nil {
+			p.o.Logger.Warn("publishing snapshot", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		case <-p.trigger:
+		}
+	}
+}
+
+// Publish builds and applies one snapshot per worker.
+func (p *Publisher) Publish(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	start := time.Now()
+	now := p.o.Now()
+	view := p.view.Load()
+	excluded := p.excludedSet()
+	cursors := p.readCursors(ctx, view.Rules)
+
+	var errs []error
+	if len(p.workers) > 0 {
+		if err := p.assign(ctx, now, excluded); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	// Re-read after the ownership write: a proxy is published only if it
+	// was AVAILABLE and owned by the worker at this read, so one extracted
+	// concurrently (unowned, hence never published) cannot slip in.
+	avail, err := p.o.Store.List(ctx, activitypool.Filter{States: []proxy.State{proxy.StateAvailable}, Limit: p.o.MaxProxies})
+	if err != nil {
+		p.m.publishes.WithLabelValues("error").Inc()
+		return errors.Join(append(errs, fmt.Errorf("listing available proxies: %w", err))...)
+	}
+	byOwner := map[string][]proxy.Proxy{}
+	for i := range avail {
+		px := &avail[i]
+		if excluded[px.ID] || !px.Usable(now) {
+			continue
+		}
+		owner := px.Owner
+		if len(p.workers) == 0 {
+			owner = ""
+		}
+		byOwner[owner] = append(byOwner[owner], *px)
+	}
+	p.version++
+	base := worker.Snapshot{
+		Version:     p.version,
+		GeneratedAt: now,
+		ValidUntil:  now.Add(view.MaxStaleAge),
+		Routings:    view.Rules,
+		Cursors:     cursors,
+		Disabled:    view.Disabled,
+	}
+	p.m.version.Set(float64(p.version))
+	if len(p.workers) == 0 {
+		s := base
+		s.Proxies = byOwner[""]
+		p.last.Store(&s)
+		p.applied.Store(s.Version)
+		p.o.OnPublished("", &s)
+		p.m.duration.Observe(time.Since(start).Seconds())
+		return errors.Join(errs...)
+	}
+	allOK := true
+	for i, w := range p.workers {
+		s := base
+		s.Proxies = byOwner[w.id]
+		actx, cancel := context.WithTimeout(ctx, applyTimeout)
+		err := w.applier.Apply(actx, &s)
+		cancel()
+		if err != nil {
+			allOK = false
+			w.state.Err = err.Error()
+			p.m.publishes.WithLabelValues("error").Inc()
+			errs = append(errs, fmt.Errorf("applying snapshot %d to worker %s: %w", s.Version, w.id, err))
+			continue
+		}
+		w.state = WorkerState{ID: w.id, Version: s.Version, Proxies: len(s.Proxies)}
+		p.m.publishes.WithLabelValues("ok").Inc()
+		p.m.proxies.WithLabelValues(w.id).Set(float64(len(s.Proxies)))
+		if i == 0 {
+			p.last.Store(&s)
+		}
+		p.o.OnPublished(w.id, &s)
+	}
+	if allOK {
+		p.applied.Store(p.version)
+	}
+	p.m.duration.Observe(time.Since(start).Seconds())
+	return errors.Join(errs...)
+}
+
+// readCursors returns the effective index of every sequential rule. A
+// store failure keeps the last known cursor (seed 000 §18: workers keep
+// routing while the management store is down).
+func (p *Publisher) readCursors(ctx context.Context, rules []routing.Rule) map[string]int {
+	out := map[string]int{}
+	for _, r := range rules {
+		if r.Strategy != routing.Sequential {
+			continue
+		}
+		c, err := p.o.Cursors.Cursor(ctx, r.Name)
+		if err != nil {
+			p.o.Logger.Warn("reading routing cursor; using last known", "routing", r.Name, "err", err)
+			c = p.cursors[r.Name]
+		} else {
+			p.cursors[r.Name] = c
+		}
+		out[r.Name] = ctlrouting.Effective(c, len(r.Upstreams))
+	}
+	return out
+}
+
+// assign gives unowned, usable, non-excluded AVAILABLE proxies to the
+// workers owning the fewest.
+func (p *Publisher) assign(ctx context.Context, now time.Time, excluded map[proxy.ID]bool) error {
+	ps, err := p.o.Store.List(ctx, activitypool.Filter{States: []proxy.State{proxy.StateAvailable}, Limit: p.o.MaxProxies})
+	if err != nil {
+		return fmt.Errorf("listing proxies to assign: %w", err)
+	}
+	owned := map[string]int{}
+	var free []proxy.ID
+	for i := range ps {
+		px := &ps[i]
+		switch {
+		case px.Owner != "":
+			owned[px.Owner]++
+		case !excluded[px.ID] && px.Usable(now):
+			free = append(free, px.ID)
+		}
+	}
+	if len(free) == 0 {
+		return nil
+	}
+	sort.Slice(free, func(i, j int) bool { return free[i] < free[j] })
+	batches := map[string][]proxy.ID{}
+	for _, id := range free {
+		best := p.workers[0].id
+		for _, w := range p.workers[1:] {
+			if owned[w.id] < owned[best] {
+				best = w.id
+			}
+		}
+		owned[best]++
+		batches[best] = append(batches[best], id)
+	}
+	var errs []error
+	for _, w := range p.workers {
+		if ids := batches[w.id]; len(ids) > 0 {
+			err := p.o.Store.SetOwner(ctx, ids, w.id)
+			if errors.Is(err, activitypool.ErrConflict) || errors.Is(err, activitypool.ErrNotFound) {
+				// A proxy changed meanwhile (extracted, drained) and the
+				// batch is all or nothing: assign the others one by one.
+				err = nil
+				for _, id := range ids {
+					if e := p.o.Store.SetOwner(ctx, []proxy.ID{id}, w.id); e != nil && !errors.Is(e, activitypool.ErrConflict) && !errors.Is(e, activitypool.ErrNotFound) {
+						err = e
+					}
+				}
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("assigning %d proxies to worker %s: %w", len(ids), w.id, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+type metrics struct {
+	publishes *prometheus.CounterVec
+	duration  prometheus.Histogram
+	version   prometheus.Gauge
+	proxies   *prometheus.GaugeVec
+}
+
+func newMetrics(reg *prometheus.Registry) *metrics {
+	m := &metrics{
+		publishes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "proxypool", Subsystem: "distribution", Name: "publish_total",
+			Help: "Snapshot applications to workers, by result.",
+		}, []string{"result"}),
+		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: "proxypool", Subsystem: "distribution", Name: "publish_duration_seconds",
+			Help:    "Time to build and apply one round of snapshots.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 3, 10),
+		}),
+		version: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "proxypool", Subsystem: "distribution", Name: "snapshot_version",
+			Help: "Version of the last snapshot built.",
+		}),
+		proxies: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "proxypool", Subsystem: "distribution", Name: "snapshot_proxies",
+			Help: "Proxies in the last snapshot applied to a worker.",
+		}, []string{"worker"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.publishes, m.duration, m.version, m.proxies)
+	}
+	return m
+}
+
+var (
+	_ Store        = activitypool.Pool(nil)
+	_ CursorReader = management.Store(nil)
+)

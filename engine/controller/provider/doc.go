@@ -1,0 +1,25 @@
+// Package provider owns fetching proxies from vendor APIs (seed 000 §8): one
+// Runtime per enabled upstream under a Supervisor. A runtime wakes on a timer
+// or a coalesced capacity signal, reads the upstream's inventory, applies the
+// minimum/target refill plan and, when proxies are wanted, asks the upstream's
+// adapter to build a request, performs the HTTP call itself (bounded time and
+// body, destination guard), has the adapter parse the answer, validates and
+// admits the candidates, and classifies the call as Success, Empty,
+// DuplicateOnly or Error. It enforces requestInterval, maxInFlight,
+// exponential backoff with full jitter, Retry-After, pool.maxSize (through
+// the store) and the fetch.maxTotal ledger. A client request never triggers
+// a fetch.
+//
+// It must never import a concrete store, the gateway or the HTTP API
+// adapters, and never log a secret, a response body or a proxy password.
+//
+// Metrics:
+//
+//	proxypool_provider_fetch_total{upstream,outcome}      calls by outcome class
+//	proxypool_provider_fetch_duration_seconds{upstream}   call latency
+//	proxypool_provider_fetched_proxies_total{upstream}    valid candidates returned
+//	proxypool_provider_duplicates_total{upstream}         candidates already pooled
+//	proxypool_provider_rejected_candidates_total{upstream} invalid or refused candidates
+//	proxypool_provider_backoff_seconds{upstream}          current backoff (gauge)
+//	proxypool_provider_http_429_total{upstream}           rate-limited answers
+package provider

@@ -1,0 +1,17 @@
+// Package gateway assembles the data plane worker (seed 000 §3.1, §7;
+// SPEC §7): snapshot (compiled routing view and runtime counters), dispatch
+// (Acquire/Commit/Release), transport (upstream proxies) and ingress (the
+// client-facing handler). A Gateway implements worker.Applier and
+// worker.RuntimeReader, serves listeners with a graceful drain, reloads its
+// limits and auth atomically, and reports allocation outcomes in bounded
+// batches.
+//
+// Metrics owned here: proxypool_gateway_snapshot_version,
+// proxypool_gateway_snapshot_age_seconds,
+// proxypool_gateway_outcomes_dropped_total; the sub-packages register the
+// rest (see docs/gateway.md).
+//
+// It must never import the controller, the stores or any adapter: the
+// controller reaches it only through worker.Applier, and it reports only
+// through worker.OutcomeSink and worker.RuntimeReader.
+package gateway

@@ -1,0 +1,310 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/proxypool/proxypool/engine/config"
+	"github.com/proxypool/proxypool/engine/domain/worker"
+	"github.com/proxypool/proxypool/engine/gateway/dispatch"
+	"github.com/proxypool/proxypool/engine/gateway/ingress"
+	"github.com/proxypool/proxypool/engine/gateway/snapshot"
+	"github.com/proxypool/proxypool/engine/gateway/transport"
+)
+
+// Options build a Gateway.
+type Options struct {
+	// Config supplies gateway limits, auth, access, security and the
+	// shutdown drain. Routing comes from snapshots, not from here.
+	Config *config.Config
+	Logger *slog.Logger
+	// Registry receives every gateway metric; nil keeps them private.
+	Registry *prometheus.Registry
+	// Outcomes receives allocation outcomes in batches; nil drops them.
+	Outcomes worker.OutcomeSink
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// MaxProxies bounds the runtime counter registry (live plus draining
+	// proxies); 0 means snapshot.DefaultMaxEntries. Apply refuses a
+	// snapshot that would exceed it.
+	MaxProxies int
+	// Resolver serves the destination policy; nil means net.DefaultResolver.
+	Resolver ingress.Resolver
+	// OutcomeFlushInterval overrides OutcomeFlushInterval (tests).
+	OutcomeFlushInterval time.Duration
+}
+
+// VersionError refuses a snapshot that is not newer than the current one.
+type VersionError struct {
+	Current, Offered uint64
+}
+
+func (e *VersionError) Error() string {
+	return fmt.Sprintf("applying snapshot: version %d is not newer than current %d", e.Offered, e.Current)
+}
+
+// Gateway is one data-plane worker.
+type Gateway struct {
+	log      *slog.Logger
+	now      func() time.Time
+	resolver ingress.Resolver
+
+	reg     *snapshot.Registry
+	snaps   snapshot.Holder
+	disp    *dispatch.Dispatcher
+	fwd     swapForwarder
+	handler *ingress.Handler
+	outq    *outcomeQueue
+
+	applyMu sync.Mutex
+	version prometheus.Gauge
+
+	cfgMu     sync.Mutex
+	cfg       atomic.Pointer[config.Config]
+	tOpts     transport.Options
+	listeners map[*ingress.LimitListener]struct{}
+	closeOnce sync.Once
+}
+
+// New assembles a gateway from opts. It serves nothing until Serve and
+// refuses every request with 503 "stale" until the first Apply.
+func New(opts Options) (*Gateway, error) {
+	if opts.Config == nil {
+		return nil, errors.New("building gateway: config is required")
+	}
+	g := &Gateway{log: opts.Logger, now: opts.Now, resolver: opts.Resolver, listeners: map[*ingress.LimitListener]struct{}{}}
+	if g.log == nil {
+		g.log = slog.New(slog.DiscardHandler)
+	}
+	g.log = g.log.With("component", "gateway")
+	if g.now == nil {
+		g.now = time.Now
+	}
+	reg := prometheus.Registerer(opts.Registry)
+	if opts.Registry == nil {
+		reg = prometheus.NewRegistry()
+	}
+	cfg := opts.Config
+	policy, err := ingress.NewPolicy(cfg, opts.Resolver)
+	if err != nil {
+		return nil, fmt.Errorf("building gateway: %w", err)
+	}
+	g.reg = snapshot.NewRegistry(opts.MaxProxies, g.now)
+
+	const ns, sub = "proxypool", "gateway"
+	g.version = prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: ns, Subsystem: sub, Name: "snapshot_version",
+		Help: "Version of the snapshot in use (0 before the first).",
+	})
+	age := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Namespace: ns, Subsystem: sub, Name: "snapshot_age_seconds",
+		Help: "Time since the snapshot in use was applied (0 before the first).",
+	}, func() float64 {
+		if s := g.snaps.Load(); s != nil {
+			return g.now().Sub(s.BuiltAt).Seconds()
+		}
+		return 0
+	})
+	dropped := prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "outcomes_dropped_total",
+		Help: "Allocation outcomes dropped because the report queue was full.",
+	})
+	reg.MustRegister(g.version, age, dropped)
+
+	dopts := dispatch.Options{Now: g.now, MaxStaleAge: cfg.Gateway.MaxStaleAge, Registerer: reg}
+	if opts.Outcomes != nil {
+		interval := opts.OutcomeFlushInterval
+		if interval <= 0 {
+			interval = OutcomeFlushInterval
+		}
+		g.outq = newOutcomeQueue(opts.Outcomes, dropped, interval)
+		dopts.Outcomes = g.outq
+	}
+	g.disp = dispatch.New(&g.snaps, dopts)
+	g.tOpts = transport.OptionsFrom(cfg.Gateway.Limits)
+	g.fwd.p.Store(transport.New(g.tOpts))
+	g.handler, err = ingress.NewHandler(ingress.Options{
+		Dispatcher: g.disp, Forwarder: &g.fwd, Policy: policy, Logger: g.log, Registerer: reg,
+	})
+	if err != nil {
+		g.Close()
+		return nil, fmt.Errorf("building gateway: %w", err)
+	}
+	g.cfg.Store(cfg)
+	return g, nil
+}
+
+// Apply builds s into a compiled snapshot and swaps it in. A snapshot whose
+// version is not newer than the current one is refused with *VersionError;
+// a build failure (registry bound, duplicate proxy) keeps the current one.
+func (g *Gateway) Apply(ctx context.Context, s *worker.Snapshot) error {
+	if s == nil {
+		return errors.New("applying snapshot: nil snapshot")
+	}
+	g.applyMu.Lock()
+	defer g.applyMu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("applying snapshot %d: %w", s.Version, err)
+	}
+	if cur := g.snaps.Load(); cur != nil && s.Version <= cur.Version {
+		return &VersionError{Current: cur.Version, Offered: s.Version}
+	}
+	start := time.Now()
+	built, err := snapshot.Build(s, g.reg)
+	if err != nil {
+		return fmt.Errorf("applying snapshot %d: %w", s.Version, err)
+	}
+	g.snaps.Store(built)
+	g.version.Set(float64(built.Version))
+	g.log.Debug("snapshot applied", "version", built.Version, "proxies", built.Proxies,
+		"allocatable", built.Allocatable, "build", time.Since(start))
+	return nil
+}
+
+// Runtime reports the sparse runtime counts (worker.RuntimeReader).
+func (g *Gateway) Runtime() []worker.Runtime { return g.reg.Runtime() }
+
+// Handler is the client-facing handler, for callers that run their own
+// server; Serve uses it too.
+func (g *Gateway) Handler() http.Handler { return g.handler }
+
+// Snapshot returns the compiled snapshot in use (nil before the first).
+func (g *Gateway) Snapshot() *snapshot.Snapshot { return g.snaps.Load() }
+
+// Serve serves ln until ctx is cancelled, then drains: it stops accepting,
+// lets in-flight requests and tunnels finish until the config's shutdown
+// timeout, then closes what remains. It returns nil after a drain.
+func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
+	cfg := g.cfg.Load()
+	if err := strictCheck(cfg, ln.Addr()); err != nil {
+		return err
+	}
+	l := cfg.Gateway.Limits
+	lln := ingress.NewLimitListener(ln, l.MaxConns, g.handler.Refused)
+	g.cfgMu.Lock()
+	g.listeners[lln] = struct{}{}
+	g.cfgMu.Unlock()
+	defer func() {
+		g.cfgMu.Lock()
+		delete(g.listeners, lln)
+		g.cfgMu.Unlock()
+	}()
+	srv := &http.Server{
+		Handler:                      g.handler,
+		MaxHeaderBytes:               l.MaxHeaderBytes,
+		ReadHeaderTimeout:            l.ReadHeaderTimeout,
+		IdleTimeout:                  l.IdleTimeout,
+		DisableGeneralOptionsHandler: true,
+		ErrorLog:                     slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serving gateway on %s: %w", ln.Addr(), err)
+	case <-ctx.Done():
+	}
+	drain := cfg.Shutdown
+	if drain <= 0 {
+		drain = config.DefaultShutdownTimeout
+	}
+	dctx, cancel := context.WithTimeout(context.Background(), drain)
+	defer cancel()
+	err := srv.Shutdown(dctx)
+	if err == nil {
+		err = g.handler.WaitTunnels(dctx)
+	}
+	if err != nil {
+		_ = srv.Close()
+		n := g.handler.CloseTunnels()
+		g.log.Warn("drain deadline passed, closed remaining connections", "tunnels", n, "drain", drain)
+	}
+	<-errc
+	return nil
+}
+
+// strictCheck repeats config validation's open-proxy rule against the
+// address actually bound (an inherited socket may differ from the config).
+func strictCheck(cfg *config.Config, addr net.Addr) error {
+	gw := &cfg.Gateway
+	if !cfg.StrictMode() || (gw.Auth.Mode != "" && gw.Auth.Mode != "none") || len(gw.Access.AllowCIDRs) > 0 {
+		return nil
+	}
+	if addr != nil && !config.IsLoopbackListener(addr.String()) {
+		return fmt.Errorf("serving gateway on %s: strict mode refuses a non-loopback listener with auth none and no access.allowCIDRs", addr)
+	}
+	return nil
+}
+
+// UpdateConfig applies a reloaded config: auth, access, destination policy,
+// header count, staleness bound and connection cap take effect for new
+// requests at once; transport limits build a new transport (the old one's
+// idle connections close, in-flight ones finish). Header size and server
+// timeouts apply to listeners served after the change. On error nothing
+// changes.
+func (g *Gateway) UpdateConfig(cfg *config.Config) error {
+	if cfg == nil {
+		return errors.New("updating gateway config: nil config")
+	}
+	policy, err := ingress.NewPolicy(cfg, g.resolver)
+	if err != nil {
+		return fmt.Errorf("updating gateway config: %w", err)
+	}
+	g.cfgMu.Lock()
+	defer g.cfgMu.Unlock()
+	g.handler.SetPolicy(policy)
+	g.disp.SetMaxStaleAge(cfg.Gateway.MaxStaleAge)
+	if to := transport.OptionsFrom(cfg.Gateway.Limits); to != g.tOpts {
+		g.tOpts = to
+		old := g.fwd.p.Swap(transport.New(to))
+		old.CloseIdleConnections()
+	}
+	for l := range g.listeners {
+		l.SetMax(cfg.Gateway.Limits.MaxConns)
+	}
+	g.cfg.Store(cfg)
+	return nil
+}
+
+// Close flushes queued outcomes and releases idle upstream connections. It
+// does not stop Serve: cancel its context for that.
+func (g *Gateway) Close() {
+	g.closeOnce.Do(func() {
+		if g.outq != nil {
+			g.outq.close()
+		}
+		if t := g.fwd.p.Load(); t != nil {
+			t.CloseIdleConnections()
+		}
+	})
+}
+
+// swapForwarder lets a reload replace the transport under running
+// requests: each request loads the current one once per attempt.
+type swapForwarder struct {
+	p atomic.Pointer[transport.Transport]
+}
+
+func (s *swapForwarder) RoundTrip(req *http.Request, t *snapshot.Target) (*http.Response, error) {
+	return s.p.Load().RoundTrip(req, t)
+}
+
+func (s *swapForwarder) Connect(ctx context.Context, t *snapshot.Target, authority string) (*transport.Tunnel, error) {
+	return s.p.Load().Connect(ctx, t, authority)
+}
+
+var (
+	_ worker.Applier       = (*Gateway)(nil)
+	_ worker.RuntimeReader = (*Gateway)(nil)
+	_ ingress.Forwarder    = (*swapForwarder)(nil)
+	_ ingress.Dispatcher   = (*dispatch.Dispatcher)(nil)
+)

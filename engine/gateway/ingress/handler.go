@@ -1,0 +1,566 @@
+package ingress
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/proxypool/proxypool/engine/config"
+	"github.com/proxypool/proxypool/engine/domain/worker"
+	"github.com/proxypool/proxypool/engine/gateway/dispatch"
+	"github.com/proxypool/proxypool/engine/gateway/snapshot"
+	"github.com/proxypool/proxypool/engine/gateway/transport"
+)
+
+// MaxAttempts is the most distinct proxies one request tries (seed 000
+// §7.2): GET and HEAD without a body, and CONNECT before its 200.
+const MaxAttempts = 2
+
+// ReasonHeader carries the gateway's reason on every response it makes up
+// itself, so a client can tell the gateway's refusal from a target's.
+const ReasonHeader = "X-Proxypool-Reason"
+
+// Dispatcher is the allocation contract of seed 000 §7.1.
+type Dispatcher interface {
+	Acquire(ctx context.Context, req *dispatch.Request) (*dispatch.Allocation, error)
+	Commit(a *dispatch.Allocation) error
+	Release(a *dispatch.Allocation, o worker.Outcome)
+}
+
+// Forwarder carries requests and tunnels through an upstream proxy.
+type Forwarder interface {
+	RoundTrip(req *http.Request, target *snapshot.Target) (*http.Response, error)
+	Connect(ctx context.Context, target *snapshot.Target, authority string) (*transport.Tunnel, error)
+}
+
+// Policy is the reloadable part of the handler: who may connect, who they
+// are, where they may go. It is immutable once built; reload swaps it.
+type Policy struct {
+	Auth           Authenticator
+	Access         *AccessList
+	Destinations   DestinationPolicy
+	MaxHeaderCount int
+}
+
+// NewPolicy builds the policy of cfg's gateway and security sections.
+// resolver nil means net.DefaultResolver.
+func NewPolicy(cfg *config.Config, resolver Resolver) (*Policy, error) {
+	auth, err := NewAuthenticator(&cfg.Gateway.Auth)
+	if err != nil {
+		return nil, err
+	}
+	acc, err := NewAccessList(cfg.Gateway.Access.AllowCIDRs)
+	if err != nil {
+		return nil, err
+	}
+	dst, err := NewDestinationPolicy(&cfg.Security, resolver)
+	if err != nil {
+		return nil, err
+	}
+	n := cfg.Gateway.Limits.MaxHeaderCount
+	if n <= 0 {
+		n = config.DefaultMaxHeaderCount
+	}
+	return &Policy{Auth: auth, Access: acc, Destinations: dst, MaxHeaderCount: n}, nil
+}
+
+// Options build a Handler.
+type Options struct {
+	Dispatcher Dispatcher
+	Forwarder  Forwarder
+	Policy     *Policy
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+}
+
+// Handler is the gateway's http.Handler.
+type Handler struct {
+	d       Dispatcher
+	f       Forwarder
+	policy  atomic.Pointer[Policy]
+	log     *slog.Logger
+	m       *metrics
+	tunnels tunnelSet
+}
+
+// NewHandler returns a Handler; Dispatcher, Forwarder and Policy are
+// required.
+func NewHandler(o Options) (*Handler, error) {
+	if o.Dispatcher == nil || o.Forwarder == nil || o.Policy == nil {
+		return nil, errors.New("building gateway handler: dispatcher, forwarder and policy are required")
+	}
+	h := &Handler{d: o.Dispatcher, f: o.Forwarder, log: o.Logger, m: newMetrics(o.Registerer)}
+	if h.log == nil {
+		h.log = slog.New(slog.DiscardHandler)
+	}
+	h.policy.Store(o.Policy)
+	h.tunnels.init()
+	return h, nil
+}
+
+// SetPolicy swaps the policy for requests that start from now on.
+func (h *Handler) SetPolicy(p *Policy) { h.policy.Store(p) }
+
+// Refused counts a connection the listener refused for overload.
+func (h *Handler) Refused() { h.m.rejections[ReasonOverload].Inc() }
+
+// ServeHTTP serves one proxy request or CONNECT.
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	class := classOf(r.Method)
+	res, abort := h.serve(w, r)
+	h.m.requests[class][res].Inc()
+	h.m.duration[class].Observe(time.Since(start).Seconds())
+	if abort {
+		// The response is already under way and its body broke: the
+		// client must see a broken response, not a short one.
+		panic(http.ErrAbortHandler)
+	}
+}
+
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request) (result, bool) {
+	p := h.policy.Load()
+	if !p.Access.Allowed(r.RemoteAddr) {
+		return h.reject(w, http.StatusForbidden, ReasonAccessDenied), false
+	}
+	if len(r.Header) > p.MaxHeaderCount {
+		return h.reject(w, http.StatusRequestHeaderFieldsTooLarge, ReasonTooManyHeaders), false
+	}
+	who, err := p.Auth.Authenticate(r)
+	if err != nil {
+		if !errors.Is(err, ErrAuthRequired) {
+			h.log.Warn("authenticating client", "err", err)
+		}
+		w.Header().Set("Proxy-Authenticate", `Basic realm="proxypool"`)
+		return h.reject(w, http.StatusProxyAuthRequired, ReasonAuthRequired), false
+	}
+	if r.Method == http.MethodConnect {
+		return h.serveConnect(w, r, p, who), false
+	}
+	return h.serveForward(w, r, p, who)
+}
+
+// reject answers with a gateway-made error and counts the reason.
+func (h *Handler) reject(w http.ResponseWriter, status int, reason string) result {
+	h.m.rejections[reason].Inc()
+	writeError(w, status, reason)
+	if status == http.StatusBadRequest {
+		return resultBadRequest
+	}
+	return resultRejected
+}
+
+func writeError(w http.ResponseWriter, status int, reason string) {
+	hdr := w.Header()
+	hdr.Set(ReasonHeader, reason)
+	hdr.Set("Content-Type", "text/plain; charset=utf-8")
+	hdr.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_, _ = io.WriteString(w, "proxypool: "+reason+"\n")
+}
+
+// refuse answers a dispatch refusal: 503 with the reason.
+func (h *Handler) refuse(w http.ResponseWriter, err error) result {
+	reason := ReasonNoProxy
+	switch {
+	case errors.Is(err, dispatch.ErrStale):
+		reason = ReasonStale
+	case errors.Is(err, dispatch.ErrNoRoute):
+		reason = ReasonNoRoute
+	}
+	return h.reject(w, http.StatusServiceUnavailable, reason)
+}
+
+// upstreamFailed answers 502 after the last attempt failed.
+func (h *Handler) upstreamFailed(w http.ResponseWriter, err error) result {
+	reason := "upstream-" + strings.ReplaceAll(transport.PhaseOf(err).String(), "_", "-")
+	writeError(w, http.StatusBadGateway, reason)
+	return resultUpstreamError
+}
+
+// checkDestination applies the destination policy; false means answered.
+func (h *Handler) checkDestination(ctx context.Context, w http.ResponseWriter, p *Policy, host string) (result, bool) {
+	err := p.Destinations.Allow(ctx, host)
+	switch {
+	case err == nil:
+		return resultOK, true
+	case IsDenied(err):
+		return h.reject(w, http.StatusForbidden, ReasonDeniedDestination), false
+	case ctx.Err() != nil:
+		return resultCanceled, false
+	}
+	h.log.Debug("destination check failed", "err", err)
+	writeError(w, http.StatusBadGateway, "destination-unresolved")
+	return resultUpstreamError, false
+}
+
+func retryable(r *http.Request) bool {
+	return (r.Method == http.MethodGet || r.Method == http.MethodHead) && r.Body == http.NoBody
+}
+
+// serveForward forwards an absolute-form request. The bool asks ServeHTTP
+// to abort the response.
+func (h *Handler) serveForward(w http.ResponseWriter, r *http.Request, p *Policy, who Principal) (result, bool) {
+	host, port, err := forwardTarget(r)
+	if err != nil {
+		return h.reject(w, http.StatusBadRequest, ReasonBadTarget), false
+	}
+	ctx := r.Context()
+	if res, ok := h.checkDestination(ctx, w, p, host); !ok {
+		return res, false
+	}
+	out := h.outbound(r, host, port)
+	attempts := 1
+	if retryable(r) {
+		attempts = MaxAttempts
+	}
+	req := dispatch.Request{Host: host, Port: port, Client: who.Name}
+	var lastErr error
+	for try := 0; ; try++ {
+		a, err := h.d.Acquire(ctx, &req)
+		if err != nil {
+			if lastErr != nil {
+				return h.upstreamFailed(w, lastErr), false
+			}
+			return h.refuse(w, err), false
+		}
+		id, limit := a.Target.ID, min(attempts, a.Rule.MaxAttempts)
+		resp, err := h.f.RoundTrip(out, a.Target)
+		if err != nil {
+			if ctx.Err() != nil {
+				h.d.Release(a, worker.Outcome{})
+				return resultCanceled, false
+			}
+			h.d.Release(a, worker.Outcome{Phase: transport.PhaseOf(err)})
+			h.log.Debug("upstream request failed", "proxy", id, "attempt", try+1, "err", err)
+			lastErr = err
+			if try+1 < limit && req.AddExclude(id) {
+				h.m.retries.Inc()
+				continue
+			}
+			return h.upstreamFailed(w, err), false
+		}
+		if err := h.d.Commit(a); err != nil {
+			// Cannot happen with a fresh allocation; fail closed.
+			_ = resp.Body.Close()
+			h.d.Release(a, worker.Outcome{})
+			h.log.Error("committing allocation", "err", err)
+			writeError(w, http.StatusInternalServerError, "internal")
+			return resultUpstreamError, false
+		}
+		res, outcome, abort := h.stream(w, r, resp)
+		h.d.Release(a, outcome)
+		return res, abort
+	}
+}
+
+// outbound is the request sent to the upstream proxy: absolute-form to the
+// normalised destination, hop-by-hop and proxy headers removed.
+func (h *Handler) outbound(r *http.Request, host string, port uint16) *http.Request {
+	u := *r.URL
+	u.Host = joinAuthority(host, port)
+	if port == 80 {
+		u.Host = strings.TrimSuffix(u.Host, ":80")
+	}
+	out := &http.Request{
+		Method:     r.Method,
+		URL:        &u,
+		Proto:      "HTTP/1.1",
+		ProtoMajor: 1,
+		ProtoMinor: 1,
+		Header:     cleanHeader(r.Header),
+		Host:       u.Host,
+		Body:       http.NoBody,
+	}
+	if r.Body != http.NoBody && r.Body != nil {
+		out.Body = &countingReader{r: r.Body, n: h.m.bytesUp}
+		out.ContentLength = r.ContentLength
+	}
+	if _, ok := out.Header["User-Agent"]; !ok {
+		// Without this net/http would announce itself to the target.
+		out.Header["User-Agent"] = []string{""}
+	}
+	return out.WithContext(r.Context())
+}
+
+type countingReader struct {
+	r io.ReadCloser
+	n prometheus.Counter
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	if n > 0 {
+		c.n.Add(float64(n))
+	}
+	return n, err
+}
+
+func (c *countingReader) Close() error { return c.r.Close() }
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// stream writes the upstream response to the client. Only an upstream
+// read error is the proxy's failure; a client that stops reading is not.
+func (h *Handler) stream(w http.ResponseWriter, r *http.Request, resp *http.Response) (result, worker.Outcome, bool) {
+	defer resp.Body.Close()
+	copyEndToEnd(w.Header(), resp.Header)
+	w.WriteHeader(resp.StatusCode)
+	if r.Method == http.MethodHead {
+		return resultOK, worker.Outcome{Success: true}, false
+	}
+	var flusher http.Flusher
+	if resp.ContentLength < 0 {
+		// Unknown length is how streams (SSE, long polls) arrive: pass
+		// each chunk on as it comes.
+		flusher, _ = w.(http.Flusher)
+	}
+	bp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bp)
+	buf := *bp
+	var n int64
+	defer func() { h.m.bytesDown.Add(float64(n)) }()
+	for {
+		nr, rerr := resp.Body.Read(buf)
+		if nr > 0 {
+			nw, werr := w.Write(buf[:nr])
+			n += int64(nw)
+			if werr != nil {
+				return resultCanceled, worker.Outcome{Success: true}, false
+			}
+			if flusher != nil {
+				flusher.Flush()
+			}
+		}
+		if rerr == io.EOF {
+			return resultOK, worker.Outcome{Success: true}, false
+		}
+		if rerr != nil {
+			if r.Context().Err() != nil {
+				return resultCanceled, worker.Outcome{}, false
+			}
+			h.log.Debug("upstream response body failed", "err", rerr)
+			return resultUpstreamError, worker.Outcome{Phase: worker.PhaseTunnel}, true
+		}
+	}
+}
+
+// serveConnect opens a tunnel through an upstream proxy.
+func (h *Handler) serveConnect(w http.ResponseWriter, r *http.Request, p *Policy, who Principal) result {
+	host, port, err := connectTarget(r)
+	if err != nil {
+		return h.reject(w, http.StatusBadRequest, ReasonBadTarget)
+	}
+	ctx := r.Context()
+	if res, ok := h.checkDestination(ctx, w, p, host); !ok {
+		return res
+	}
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		writeError(w, http.StatusHTTPVersionNotSupported, "connect-unsupported")
+		return resultBadRequest
+	}
+	authority := joinAuthority(host, port)
+	req := dispatch.Request{Host: host, Port: port, Client: who.Name}
+	var lastErr error
+	for try := 0; ; try++ {
+		a, err := h.d.Acquire(ctx, &req)
+		if err != nil {
+			if lastErr != nil {
+				return h.upstreamFailed(w, lastErr)
+			}
+			return h.refuse(w, err)
+		}
+		id, limit := a.Target.ID, min(MaxAttempts, a.Rule.MaxAttempts)
+		tun, err := h.f.Connect(ctx, a.Target, authority)
+		if err != nil {
+			if ctx.Err() != nil {
+				h.d.Release(a, worker.Outcome{})
+				return resultCanceled
+			}
+			h.d.Release(a, worker.Outcome{Phase: transport.PhaseOf(err)})
+			h.log.Debug("upstream CONNECT failed", "proxy", id, "attempt", try+1, "err", err)
+			lastErr = err
+			if try+1 < limit && req.AddExclude(id) {
+				h.m.retries.Inc()
+				continue
+			}
+			return h.upstreamFailed(w, err)
+		}
+		if err := h.d.Commit(a); err != nil {
+			_ = tun.Conn.Close()
+			h.d.Release(a, worker.Outcome{})
+			h.log.Error("committing allocation", "err", err)
+			writeError(w, http.StatusInternalServerError, "internal")
+			return resultUpstreamError
+		}
+		return h.tunnel(hj, a, tun)
+	}
+}
+
+var established = []byte("HTTP/1.1 200 Connection established\r\n\r\n")
+
+// tunnel answers 200 and carries bytes both ways until both sides closed.
+// From the 200 on nothing is retried (seed 000 §7.2).
+func (h *Handler) tunnel(hj http.Hijacker, a *dispatch.Allocation, tun *transport.Tunnel) result {
+	upstream := tun.Conn
+	defer upstream.Close()
+	client, rw, err := hj.Hijack()
+	if err != nil {
+		h.d.Release(a, worker.Outcome{})
+		return resultCanceled
+	}
+	defer client.Close()
+	raw := rawConn(client)
+	// The server's header and idle deadlines do not apply to a tunnel.
+	_ = raw.SetDeadline(time.Time{})
+	if _, err := raw.Write(established); err != nil {
+		h.d.Release(a, worker.Outcome{Success: true})
+		return resultCanceled
+	}
+	if len(tun.Buffered) > 0 {
+		if _, err := raw.Write(tun.Buffered); err != nil {
+			h.d.Release(a, worker.Outcome{Success: true})
+			return resultCanceled
+		}
+		h.m.bytesDown.Add(float64(len(tun.Buffered)))
+	}
+	if n := rw.Reader.Buffered(); n > 0 {
+		// Bytes the client pipelined behind its CONNECT (a TLS hello).
+		b, _ := rw.Reader.Peek(n)
+		if _, err := upstream.Write(b); err != nil {
+			h.d.Release(a, worker.Outcome{Phase: worker.PhaseTunnel})
+			return resultUpstreamError
+		}
+		h.m.bytesUp.Add(float64(n))
+	}
+	t := &tunnelConns{client: raw, upstream: upstream}
+	h.tunnels.add(t)
+	h.m.tunnelsActive.Inc()
+	up, down := pipe(raw, upstream)
+	h.m.tunnelsActive.Dec()
+	h.tunnels.remove(t)
+	h.m.bytesUp.Add(float64(up))
+	h.m.bytesDown.Add(float64(down))
+	h.d.Release(a, worker.Outcome{Success: true})
+	return resultOK
+}
+
+// pipe copies both ways between two raw connections. Both are normally
+// *net.TCPConn, so io.Copy splices. A clean end of one direction is passed
+// on as a half-close; an error in either tears both down.
+func pipe(client, upstream io.ReadWriteCloser) (up, down int64) {
+	upDone := make(chan int64, 1)
+	go func() {
+		n, err := io.Copy(upstream, client)
+		finish(err, upstream, client)
+		upDone <- n
+	}()
+	down, err := io.Copy(client, upstream)
+	finish(err, client, upstream)
+	return <-upDone, down
+}
+
+// finish ends one direction: half-close dst after a clean EOF, or close
+// both after an error so the other direction cannot hang.
+func finish(err error, dst, src io.Closer) {
+	if err == nil {
+		if cw, ok := dst.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
+			return
+		}
+	}
+	_ = dst.Close()
+	_ = src.Close()
+}
+
+type tunnelConns struct {
+	client, upstream io.Closer
+	shard            int
+}
+
+// tunnelSet tracks open tunnels so shutdown can close them: hijacked
+// connections are invisible to http.Server. It is sharded round-robin so
+// that CONNECT setup does not serialise on one lock.
+type tunnelSet struct {
+	next   atomic.Uint32
+	count  atomic.Int64
+	shards [16]struct {
+		mu sync.Mutex
+		m  map[*tunnelConns]struct{}
+	}
+}
+
+func (s *tunnelSet) init() {
+	for i := range s.shards {
+		s.shards[i].m = make(map[*tunnelConns]struct{})
+	}
+}
+
+func (s *tunnelSet) add(t *tunnelConns) {
+	t.shard = int(s.next.Add(1) % uint32(len(s.shards)))
+	sh := &s.shards[t.shard]
+	sh.mu.Lock()
+	sh.m[t] = struct{}{}
+	sh.mu.Unlock()
+	s.count.Add(1)
+}
+
+func (s *tunnelSet) remove(t *tunnelConns) {
+	sh := &s.shards[t.shard]
+	sh.mu.Lock()
+	delete(sh.m, t)
+	sh.mu.Unlock()
+	s.count.Add(-1)
+}
+
+// closeAll closes both ends of every open tunnel; their goroutines then
+// finish and release their allocations.
+func (s *tunnelSet) closeAll() int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		for t := range sh.m {
+			_ = t.client.Close()
+			_ = t.upstream.Close()
+			n++
+		}
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// ActiveTunnels is the number of open tunnels.
+func (h *Handler) ActiveTunnels() int64 { return h.tunnels.count.Load() }
+
+// CloseTunnels force-closes every open tunnel (end of a drain) and returns
+// how many it closed.
+func (h *Handler) CloseTunnels() int { return h.tunnels.closeAll() }
+
+// drainPoll is how often WaitTunnels looks again; http.Server.Shutdown
+// polls its connections the same way.
+const drainPoll = 20 * time.Millisecond
+
+// WaitTunnels returns nil once no tunnel is open, or ctx's error.
+func (h *Handler) WaitTunnels(ctx context.Context) error {
+	t := time.NewTicker(drainPoll)
+	defer t.Stop()
+	for h.tunnels.count.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
+var _ http.Handler = (*Handler)(nil)

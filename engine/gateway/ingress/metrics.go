@@ -1,0 +1,115 @@
+package ingress
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type methodClass uint8
+
+const (
+	classConnect methodClass = iota
+	classGetHead
+	classOther
+	numClasses
+)
+
+var classNames = [numClasses]string{"connect", "get_head", "other"}
+
+func classOf(method string) methodClass {
+	switch method {
+	case "CONNECT":
+		return classConnect
+	case "GET", "HEAD":
+		return classGetHead
+	}
+	return classOther
+}
+
+type result uint8
+
+const (
+	resultOK result = iota
+	resultRejected
+	resultBadRequest
+	resultUpstreamError
+	resultCanceled
+	numResults
+)
+
+var resultNames = [numResults]string{"ok", "rejected", "bad_request", "upstream_error", "canceled"}
+
+// Rejection reasons: the X-Proxypool-Reason header value and the reason
+// label of proxypool_gateway_rejections_total.
+const (
+	ReasonNoProxy           = "no-proxy"
+	ReasonStale             = "stale"
+	ReasonNoRoute           = "no-route"
+	ReasonDeniedDestination = "denied-destination"
+	ReasonAccessDenied      = "access-denied"
+	ReasonAuthRequired      = "auth-required"
+	ReasonBadTarget         = "bad-target"
+	ReasonTooManyHeaders    = "too-many-headers"
+	ReasonOverload          = "overload"
+)
+
+var rejectionReasons = []string{
+	ReasonNoProxy, ReasonStale, ReasonNoRoute, ReasonDeniedDestination, ReasonAccessDenied,
+	ReasonAuthRequired, ReasonBadTarget, ReasonTooManyHeaders, ReasonOverload,
+}
+
+type metrics struct {
+	requests      [numClasses][numResults]prometheus.Counter
+	duration      [numClasses]prometheus.Observer
+	tunnelsActive prometheus.Gauge
+	bytesUp       prometheus.Counter
+	bytesDown     prometheus.Counter
+	retries       prometheus.Counter
+	rejections    map[string]prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	const ns, sub = "proxypool", "gateway"
+	requests := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "requests_total",
+		Help: "Client requests by method class and result.",
+	}, []string{"method_class", "result"})
+	duration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Namespace: ns, Subsystem: sub, Name: "request_duration_seconds",
+		Help:    "Client request duration, tunnels included, by method class.",
+		Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300},
+	}, []string{"method_class"})
+	tunnels := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: ns, Subsystem: sub, Name: "connect_tunnels_active",
+		Help: "CONNECT tunnels currently open.",
+	})
+	bytes := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "bytes_total",
+		Help: "Payload bytes carried: upstream is client to target, downstream target to client.",
+	}, []string{"direction"})
+	retries := prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "retries_total",
+		Help: "Requests retried on another proxy.",
+	})
+	rejections := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "rejections_total",
+		Help: "Requests and connections refused by the gateway, by reason.",
+	}, []string{"reason"})
+	m := &metrics{
+		tunnelsActive: tunnels,
+		bytesUp:       bytes.WithLabelValues("upstream"),
+		bytesDown:     bytes.WithLabelValues("downstream"),
+		retries:       retries,
+		rejections:    make(map[string]prometheus.Counter, len(rejectionReasons)),
+	}
+	for c := range numClasses {
+		m.duration[c] = duration.WithLabelValues(classNames[c])
+		for r := range numResults {
+			m.requests[c][r] = requests.WithLabelValues(classNames[c], resultNames[r])
+		}
+	}
+	for _, r := range rejectionReasons {
+		m.rejections[r] = rejections.WithLabelValues(r)
+	}
+	if reg != nil {
+		reg.MustRegister(requests, duration, tunnels, bytes, retries, rejections)
+	}
+	return m
+}

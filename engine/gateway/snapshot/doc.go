@@ -1,0 +1,16 @@
+// Package snapshot owns the gateway's compiled, immutable view of a
+// worker.Snapshot (seed 000 §5, §11): the routing rules ready for
+// first-match, the allocatable proxies of each rule as flat slices, and the
+// per-proxy runtime counters those slices point at.
+//
+// A Snapshot is built off the hot path by Build and published through a
+// Holder (one atomic pointer). The counters live in a Registry keyed by
+// proxy ID that outlives every snapshot, so active and reserved counts
+// carry over a swap; a proxy that left the snapshot while still in use is
+// reported as draining and its counter is reclaimed by a later build once
+// its counts are zero. The registry has a hard bound on entries.
+//
+// This package must never import net/http or any I/O package beyond what
+// building a *url.URL needs, and must never import dispatch, transport or
+// ingress: they depend on it.
+package snapshot
