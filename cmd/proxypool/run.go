@@ -20,6 +20,7 @@ import (
 	"github.com/proxypool/proxypool/engine/adapters/plugin"
 	"github.com/proxypool/proxypool/engine/config"
 	"github.com/proxypool/proxypool/engine/controller"
+	"github.com/proxypool/proxypool/engine/domain/management"
 	"github.com/proxypool/proxypool/engine/gateway"
 	"github.com/proxypool/proxypool/engine/lifecycle"
 	"github.com/proxypool/proxypool/engine/version"
@@ -40,6 +41,7 @@ type appliance struct {
 	cfg     *config.Config
 	plugins *plugin.Set
 
+	mgmt  management.Store
 	ctrl  *controller.Controller
 	gw    *gateway.Gateway
 	dist  *httpapi.DistributionHandler
@@ -91,6 +93,8 @@ func run(path string, stderr io.Writer) error {
 	}
 	defer mgmt.Close()
 	pool := embedded.NewPool(embedded.PoolOptions{})
+	a.mgmt = mgmt
+	a.recordRevision(cfg)
 
 	if a.gw, err = gateway.New(gateway.Options{Config: cfg, Logger: log, Registry: reg}); err != nil {
 		return err
@@ -196,6 +200,7 @@ func run(path string, stderr io.Writer) error {
 		log.Info("listening", "surface", "gateway", "addr", gwLn.Addr().String())
 	}
 	go a.notifyReadyWhenUsable(ctx, dm)
+	go sweep(ctx, pool)
 	go a.notify.Watchdog(ctx)
 
 	var runErr error
@@ -305,7 +310,37 @@ func (a *appliance) reload(ctx context.Context) error {
 		return err
 	}
 	a.cfg, a.plugins = cfg, set
+	a.recordRevision(cfg)
 	return nil
+}
+
+// recordRevision notes an accepted configuration in the management store.
+// A failure is logged: the configuration is already in force.
+func (a *appliance) recordRevision(cfg *config.Config) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	rev := management.Revision{At: time.Now(), Fingerprint: cfg.Digest, Source: cfg.Source}
+	if err := a.mgmt.RecordRevision(ctx, rev); err != nil {
+		a.log.Warn("recording config revision", "err", err)
+	}
+}
+
+// sweepEvery paces the embedded pool's housekeeping: it drops REMOVED
+// entries, extracted proxies past expiry and expired idempotency records,
+// which Redis does with server-side TTLs in a fleet.
+const sweepEvery = 10 * time.Second
+
+func sweep(ctx context.Context, pool *embedded.Pool) {
+	t := time.NewTicker(sweepEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			pool.Sweep(now)
+		}
+	}
 }
 
 // immutableOnReload refuses changes that need a restart: the listeners are

@@ -76,6 +76,9 @@ type Config struct {
 
 	// Source is the file the config was read from (not part of YAML).
 	Source string `yaml:"-"`
+	// Digest is the SHA-256 of the file's bytes, recorded as the revision
+	// fingerprint (the cluster store keys it with an HMAC instead).
+	Digest string `yaml:"-"`
 }
 
 // Listeners are the addresses the appliance binds. An empty address

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"runtime"
+	"runtime/debug"
 	"slices"
 	"testing"
 	"time"
@@ -23,14 +24,14 @@ func TestTreeAgainstModel(t *testing.T) {
 	in := map[*entry]bool{}
 	pool := make([]*entry, 500)
 	for i := range pool {
-		pool[i] = &entry{p: proxy.Proxy{ID: proxy.ID(fmt.Sprintf("id-%03d", i))}, prio: rng.Uint32(), slots: int64(rng.IntN(8))}
+		pool[i] = &entry{p: proxy.Proxy{ID: proxy.ID(fmt.Sprintf("id-%03d", i))}, seq: uint64(len(pool) - i), prio: rng.Uint32(), slots: int64(rng.IntN(8))}
 	}
 	key := func(e *entry) int64 { return int64(len(e.p.ID)%3) + int64(e.slots)*10 } // many ties
 	cmpModel := func(a, b *entry) int {
 		if c := cmp.Compare(key(a), key(b)); c != 0 {
 			return c
 		}
-		return cmp.Compare(a.p.ID, b.p.ID)
+		return cmp.Compare(a.seq, b.seq)
 	}
 	for step := range 5000 {
 		e := pool[rng.IntN(len(pool))]
@@ -108,12 +109,15 @@ func TestTreeAgainstModel(t *testing.T) {
 // spread over upstreams, bypassing Admit's per-call overhead so the
 // benchmarks can build millions of entries quickly.
 func fillAvailable(p *Pool, upstreams, n int, now time.Time) {
+	// Collecting while a million pointer-rich entries are built only slows
+	// the setup down; the harness collects before timing anyway.
+	defer debug.SetGCPercent(debug.SetGCPercent(-1))
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	start := len(p.byID)
 	for i := start; i < start+n; i++ {
 		usable := now.Add(time.Duration(10*60+i%(50*60)) * time.Second)
-		e := &entry{prio: rand.Uint32(), slots: 4}
+		e := &entry{slots: 4}
 		e.p = proxy.Proxy{
 			Key:            proxy.Key{Scheme: proxy.SchemeHTTP, Host: fmt.Sprintf("h%d.example", i), Port: 8080},
 			CreatedAt:      now,
@@ -126,7 +130,8 @@ func fillAvailable(p *Pool, upstreams, n int, now time.Time) {
 			Region:         "eu",
 		}
 		e.p.ID = proxy.MakeID(e.p.Key)
-		p.insertLocked(p.upstreamLocked(fmt.Sprintf("u%d", i%upstreams)), e)
+		e.p.Upstream = fmt.Sprintf("u%d", i%upstreams)
+		p.insertLocked(p.upstreamLocked(e.p.Upstream), e)
 	}
 }
 
@@ -160,7 +165,6 @@ func BenchmarkExtract10(b *testing.B) {
 		if need := base + 10*b.N + 10; benchPool.Stats().Entries < need {
 			fillAvailable(benchPool, 10, need-benchPool.Stats().Entries, now)
 		}
-		runtime.GC()
 		return benchPool
 	}
 	req := extraction.Request{Client: "bench", Count: 10, Fulfillment: extraction.Partial, Now: now}
@@ -224,7 +228,6 @@ func BenchmarkInventory(b *testing.B) {
 			}
 			p.mu.Unlock()
 			ctx := context.Background()
-			runtime.GC()
 			b.ReportAllocs()
 			b.ResetTimer()
 			for range b.N {

@@ -63,7 +63,8 @@ type PoolOptions struct {
 //   - Managed = every state except EXTRACTED, EXPIRED and REMOVED; maxSize
 //     (when > 0) bounds an upstream's managed entries.
 //   - Extraction order: most remaining usable time first (UsableUntil
-//     descending, ties by ID descending, as ZREVRANGE over a score gives).
+//     descending; ties, common when a batch shares one expiry, go newest
+//     admission first).
 //   - reserveForGateway counts AVAILABLE entries usable at the request's
 //     time, owned or not, over the request's upstream filter (all upstreams
 //     when empty); extraction never takes the pool below it.
@@ -84,17 +85,19 @@ type Pool struct {
 	expiry    tree // linkExpiry
 	removed   map[proxy.ID]*entry
 	idem      idempotencyCache
+	seq       uint64 // admissions so far; orders ties in the indexes
 }
 
 const numStates = int(proxy.StateRemoved) + 1
 
 // entry is one proxy plus its index links; only the pool's lock guards it.
 type entry struct {
-	p     proxy.Proxy
-	up    *upstreamIndex
+	links [numLinks]link
+	seq   uint64
 	prio  uint32
 	slots int64
-	links [numLinks]link
+	up    *upstreamIndex
+	p     proxy.Proxy
 }
 
 type upstreamIndex struct {
@@ -218,7 +221,7 @@ func (p *Pool) Admit(ctx context.Context, up string, ps []proxy.Proxy, maxSize i
 		if len(p.byID) >= p.maxEntries {
 			return res, fmt.Errorf("admit to upstream %q: %d entries: %w", up, len(p.byID), ErrPoolFull)
 		}
-		e := &entry{p: copyProxy(&ps[i]), prio: rand.Uint32()}
+		e := &entry{p: copyProxy(&ps[i])}
 		e.p.ID = ids[i]
 		e.p.Upstream = up
 		e.p.State = proxy.StateFetched
@@ -260,6 +263,9 @@ func (p *Pool) dropIfEmptyLocked(u *upstreamIndex) {
 }
 
 func (p *Pool) insertLocked(u *upstreamIndex, e *entry) {
+	p.seq++
+	e.seq = p.seq
+	e.prio = rand.Uint32()
 	e.up = u
 	p.byID[e.p.ID] = e
 	u.entries[e.p.ID] = e

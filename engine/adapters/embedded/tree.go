@@ -29,26 +29,32 @@ const (
 	numLinks
 )
 
+// link holds copies of everything a tree walk reads (key, tie-break,
+// priority) so visiting a node touches one small block of the entry: on a
+// million-entry pool the walks are bound by cache misses, not compares.
 type link struct {
 	left, right *entry
-	key         int64 // UnixNano of the ordering time
-	size        int32
+	key         int64  // UnixNano of the ordering time
+	seq         uint64 // the entry's admission sequence, the tie-break
 	slots       int64
+	size        int32
+	prio        uint32
 	member      bool
 }
 
-// tree is one ordered index: by key, then by proxy ID, both ascending.
+// tree is one ordered index: by key, then by admission sequence, both
+// ascending.
 type tree struct {
 	root *entry
 	id   linkID
 }
 
 func (t *tree) less(a, b *entry) bool {
-	ka, kb := a.links[t.id].key, b.links[t.id].key
-	if ka != kb {
-		return ka < kb
+	la, lb := &a.links[t.id], &b.links[t.id]
+	if la.key != lb.key {
+		return la.key < lb.key
 	}
-	return a.p.ID < b.p.ID
+	return la.seq < lb.seq
 }
 
 func (t *tree) size(n *entry) int32 {
@@ -80,7 +86,7 @@ func (t *tree) insert(e *entry, key int64) {
 	if l.member {
 		return
 	}
-	*l = link{key: key, member: true}
+	*l = link{key: key, seq: e.seq, prio: e.prio, member: true}
 	t.root = t.ins(t.root, e)
 }
 
@@ -92,12 +98,12 @@ func (t *tree) ins(n, e *entry) *entry {
 	l := &n.links[t.id]
 	if t.less(e, n) {
 		l.left = t.ins(l.left, e)
-		if l.left.prio > n.prio {
+		if l.left.links[t.id].prio > l.prio {
 			return t.rotateRight(n)
 		}
 	} else {
 		l.right = t.ins(l.right, e)
-		if l.right.prio > n.prio {
+		if l.right.links[t.id].prio > l.prio {
 			return t.rotateLeft(n)
 		}
 	}
@@ -157,7 +163,7 @@ func (t *tree) merge(a, b *entry) *entry {
 		return b
 	case b == nil:
 		return a
-	case a.prio > b.prio:
+	case a.links[t.id].prio > b.links[t.id].prio:
 		a.links[t.id].right = t.merge(a.links[t.id].right, b)
 		t.pull(a)
 		return a

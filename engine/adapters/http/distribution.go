@@ -67,7 +67,7 @@ type DistributionHandler struct {
 }
 
 var distributionRoutes = []route[*DistributionHandler]{
-	{routeSpec{http.MethodPost, "/v1/extract", []int{200, 400, 401, 403, 409, 413, 415, 422, 500, 503}}, (*DistributionHandler).extract},
+	{routeSpec{http.MethodPost, "/v1/extract", []int{200, 400, 401, 403, 409, 413, 415, 422, 429, 500, 503}}, (*DistributionHandler).extract},
 }
 
 // NewDistribution builds the distribution API handler.

@@ -7,9 +7,11 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/proxypool/proxypool/engine/config"
 	"github.com/proxypool/proxypool/engine/controller"
+	ctlextraction "github.com/proxypool/proxypool/engine/controller/extraction"
 	"github.com/proxypool/proxypool/engine/domain/extraction"
 	"github.com/proxypool/proxypool/engine/domain/management"
 )
@@ -36,6 +38,7 @@ const (
 	ptTooLarge         = "body-too-large"
 	ptMediaType        = "unsupported-media-type"
 	ptIdempotency      = "idempotency-conflict"
+	ptRateLimited      = "rate-limited"
 	ptInvalidConfig    = "invalid-configuration"
 	ptUnavailable      = "unavailable"
 	ptInternal         = "internal"
@@ -51,6 +54,10 @@ type problem struct {
 	Requested *int         `json:"requested,omitempty"`
 	Available *int         `json:"available,omitempty"`
 	Errors    []fieldError `json:"errors,omitempty"`
+
+	// retryAfter, when positive, is sent as the Retry-After header; it is
+	// not a member of the body.
+	retryAfter time.Duration
 }
 
 // fieldError is one config validation problem in a reload answer.
@@ -74,9 +81,23 @@ func writeProblem(w http.ResponseWriter, p *problem) {
 		b = []byte(`{"type":"` + problemTypeBase + ptInternal + `","title":"Internal Server Error","status":500}`)
 		p.Status = http.StatusInternalServerError
 	}
+	if p.retryAfter > 0 {
+		h.Set("Retry-After", strconv.FormatInt(retryAfterSeconds(p.retryAfter), 10))
+	}
 	h.Set("Content-Length", strconv.Itoa(len(b)+1))
 	w.WriteHeader(p.Status)
 	_, _ = w.Write(append(b, '\n'))
+}
+
+// retryAfterSeconds renders d as Retry-After delta-seconds: whole seconds
+// rounded up, since retrying before the limiter refills only earns
+// another 429, and at least 1, since 0 would invite an immediate retry.
+func retryAfterSeconds(d time.Duration) int64 {
+	s := int64(d / time.Second)
+	if d%time.Second > 0 {
+		s++
+	}
+	return max(s, 1)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
@@ -109,6 +130,7 @@ func problemFor(log *slog.Logger, op string, err error) *problem {
 	var (
 		mbe *http.MaxBytesError
 		br  *badRequest
+		rl  *ctlextraction.RateLimitError
 		ins *extraction.InsufficientError
 		ce  config.Errors
 	)
@@ -124,6 +146,19 @@ func problemFor(log *slog.Logger, op string, err error) *problem {
 		return p
 	case errors.Is(err, extraction.ErrInsufficient):
 		return newProblem(http.StatusConflict, ptInsufficient, err.Error())
+	case errors.Is(err, controller.ErrRateLimited):
+		// A bare sentinel carries no wait; one second still tells the
+		// client to back off rather than retry at once.
+		wait := time.Second
+		if errors.As(err, &rl) && rl.RetryAfter > 0 {
+			wait = rl.RetryAfter
+		}
+		p := newProblem(http.StatusTooManyRequests, ptRateLimited,
+			"extraction rate limit (extraction.perClientPerMinute) exceeded; retry after "+strconv.FormatInt(retryAfterSeconds(wait), 10)+" s")
+		p.retryAfter = wait
+		return p
+	case errors.Is(err, controller.ErrInvalidRequest):
+		return newProblem(http.StatusBadRequest, ptBadRequest, err.Error())
 	case errors.Is(err, extraction.ErrIdempotencyConflict):
 		return newProblem(http.StatusUnprocessableEntity, ptIdempotency, extraction.ErrIdempotencyConflict.Error())
 	case errors.As(err, &ce):

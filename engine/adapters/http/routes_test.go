@@ -18,6 +18,7 @@ import (
 
 	"github.com/proxypool/proxypool/engine/config"
 	"github.com/proxypool/proxypool/engine/controller"
+	ctlextraction "github.com/proxypool/proxypool/engine/controller/extraction"
 	"github.com/proxypool/proxypool/engine/domain/extraction"
 	"github.com/proxypool/proxypool/engine/domain/management"
 	"github.com/proxypool/proxypool/engine/domain/proxy"
@@ -308,6 +309,26 @@ func distributionScenarios() []scenario {
 		{name: "no content type", call: call{method: "POST", path: "/v1/extract"}, code: 415, check: notCalled},
 		{name: "json with charset", call: call{method: "POST", path: "/v1/extract", body: `{"count":1}`, ctype: "application/json; charset=utf-8"}, code: 200},
 		{name: "idempotency conflict", call: ex(`{"count":1}`), code: 422, setup: setErr(fmt.Errorf("extracting: %w", extraction.ErrIdempotencyConflict))},
+		{name: "controller rejects request", call: ex(`{"count":1}`), code: 400,
+			setup: setErr(fmt.Errorf("extracting: %w: count 9 exceeds extraction.maxCount 5", controller.ErrInvalidRequest)),
+			check: func(t *testing.T, _ *fixture, r reply) {
+				if p := r.problem(t); p.Type != problemTypeBase+ptBadRequest || !strings.Contains(p.Detail, "extraction.maxCount") {
+					t.Errorf("problem %s", r.body)
+				}
+				if v := r.header.Get("Retry-After"); v != "" {
+					t.Errorf("Retry-After = %q on a 400", v)
+				}
+			}},
+		{name: "rate limited", call: ex(`{"count":1}`), code: 429,
+			setup: setErr(fmt.Errorf("extracting: %w", &ctlextraction.RateLimitError{RetryAfter: 12*time.Second + time.Millisecond})),
+			check: func(t *testing.T, _ *fixture, r reply) {
+				if v := r.header.Get("Retry-After"); v != "13" {
+					t.Errorf("Retry-After = %q, want 13", v)
+				}
+				if p := r.problem(t); p.Type != problemTypeBase+ptRateLimited {
+					t.Errorf("problem %s", r.body)
+				}
+			}},
 		{name: "internal error hides detail", call: ex(`{"count":1}`), code: 500, setup: setErr(errBoom),
 			check: func(t *testing.T, _ *fixture, r reply) {
 				if strings.Contains(string(r.body), "hunter2") || strings.Contains(string(r.body), "database") {
@@ -610,7 +631,11 @@ func TestRoutes(t *testing.T) {
 	}
 	ran := 0
 	for _, s := range all {
+		// t.Run also returns true for a subtest -run filtered out, so
+		// count only the bodies that executed.
+		executed := false
 		ok := t.Run(s.surface+"/"+s.name, func(t *testing.T) {
+			executed = true
 			f.reset()
 			if s.setup != nil {
 				if cleanup := s.setup(t, f); cleanup != nil {
@@ -642,7 +667,7 @@ func TestRoutes(t *testing.T) {
 				s.check(t, f, r)
 			}
 		})
-		if ok {
+		if ok && executed {
 			ran++
 		}
 	}

@@ -7,8 +7,9 @@
 // validated and counted against MaxProxies whatever kind produced them.
 //
 // Kinds register themselves by file extension from init()
-// (RegisterKind("yaml", …) in subpackage expr; "wasm" later), so the set of
-// kinds a binary supports is the set of kind packages it imports.
+// (RegisterKind("yaml", …) in subpackage expr, RegisterKindOptions("wasm",
+// …) with a larger file bound in subpackage wasm), so the set of kinds a
+// binary supports is the set of kind packages it imports.
 //
 // Load semantics: every file is compiled; a broken file is reported in
 // LoadResult.Errors under its plugin name and never stops the others. On

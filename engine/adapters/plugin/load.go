@@ -248,6 +248,7 @@ func Merge(previous *Set, next LoadResult) *Set {
 type pluginFile struct {
 	path, name, kind string
 	loader           KindLoader
+	maxBytes         int64
 }
 
 func listPluginFiles(dir string) ([]pluginFile, error) {
@@ -303,11 +304,11 @@ func classify(path, base string) (pluginFile, bool, error) {
 		return pluginFile{}, false, nil
 	}
 	ext := base[dot+1:]
-	loader, ok := kindLoader(ext)
+	k, ok := kindLoader(ext)
 	if !ok {
 		return pluginFile{}, false, nil
 	}
-	return pluginFile{path: path, name: base[:dot], kind: ext, loader: loader}, true, nil
+	return pluginFile{path: path, name: base[:dot], kind: ext, loader: k.loader, maxBytes: k.maxBytes}, true, nil
 }
 
 func loadFile(f pluginFile) (*entry, error) {
@@ -316,7 +317,7 @@ func loadFile(f pluginFile) (*entry, error) {
 	if err := ValidName(f.name); err != nil {
 		return nil, wrap(err)
 	}
-	data, err := readBounded(f.path)
+	data, err := readBounded(f.path, f.maxBytes)
 	if err != nil {
 		return nil, wrap(err)
 	}
@@ -343,7 +344,7 @@ func compileGuarded(l KindLoader, name string, data []byte) (a upstream.Adapter,
 	return a, err
 }
 
-func readBounded(path string) ([]byte, error) {
+func readBounded(path string, limit int64) ([]byte, error) {
 	fh, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("reading: %w", err)
@@ -356,12 +357,15 @@ func readBounded(path string) ([]byte, error) {
 	if !st.Mode().IsRegular() {
 		return nil, fmt.Errorf("reading: not a regular file")
 	}
-	data, err := io.ReadAll(io.LimitReader(fh, MaxFileBytes+1))
+	if st.Size() > limit {
+		return nil, fmt.Errorf("reading: larger than %d bytes", limit)
+	}
+	data, err := io.ReadAll(io.LimitReader(fh, limit+1))
 	if err != nil {
 		return nil, fmt.Errorf("reading: %w", err)
 	}
-	if len(data) > MaxFileBytes {
-		return nil, fmt.Errorf("reading: larger than %d bytes", MaxFileBytes)
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("reading: larger than %d bytes", limit)
 	}
 	return data, nil
 }

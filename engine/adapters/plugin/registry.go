@@ -9,31 +9,56 @@ import (
 )
 
 // KindLoader compiles one plugin file of a kind. name is the file name
-// without extension; data is the whole file (at most MaxFileBytes). It must
-// not touch files, network or environment.
+// without extension; data is the whole file (at most MaxFileBytes, or the
+// kind's KindOptions.MaxFileBytes). It must not touch files, network or
+// environment.
 type KindLoader func(name string, data []byte) (upstream.Adapter, error)
+
+// KindOptions are per-kind settings of RegisterKindOptions.
+type KindOptions struct {
+	// MaxFileBytes bounds one file of the kind; 0 means MaxFileBytes.
+	// Compiled kinds need more than a template: a WASM module built by Go
+	// weighs megabytes.
+	MaxFileBytes int64
+}
+
+type kindEntry struct {
+	loader   KindLoader
+	maxBytes int64
+}
 
 var kinds = struct {
 	sync.RWMutex
-	m map[string]KindLoader
-}{m: map[string]KindLoader{}}
+	m map[string]kindEntry
+}{m: map[string]kindEntry{}}
 
 // RegisterKind registers the loader for plugin files named NAME.ext. It is
 // meant for init(); a duplicate or malformed ext panics, as a programming
 // error that no configuration can fix.
 func RegisterKind(ext string, loader KindLoader) {
+	RegisterKindOptions(ext, loader, KindOptions{})
+}
+
+// RegisterKindOptions is RegisterKind with per-kind settings.
+func RegisterKindOptions(ext string, loader KindLoader, opts KindOptions) {
 	if !validExt(ext) {
 		panic(fmt.Sprintf("plugin: invalid kind extension %q (want lowercase letters and digits, no dot)", ext))
 	}
 	if loader == nil {
 		panic("plugin: nil loader for kind " + ext)
 	}
+	if opts.MaxFileBytes < 0 {
+		panic("plugin: negative MaxFileBytes for kind " + ext)
+	}
+	if opts.MaxFileBytes == 0 {
+		opts.MaxFileBytes = MaxFileBytes
+	}
 	kinds.Lock()
 	defer kinds.Unlock()
 	if _, dup := kinds.m[ext]; dup {
 		panic("plugin: kind " + ext + " registered twice")
 	}
-	kinds.m[ext] = loader
+	kinds.m[ext] = kindEntry{loader: loader, maxBytes: opts.MaxFileBytes}
 }
 
 // Kinds lists the registered extensions, sorted.
@@ -48,11 +73,11 @@ func Kinds() []string {
 	return out
 }
 
-func kindLoader(ext string) (KindLoader, bool) {
+func kindLoader(ext string) (kindEntry, bool) {
 	kinds.RLock()
 	defer kinds.RUnlock()
-	l, ok := kinds.m[ext]
-	return l, ok
+	k, ok := kinds.m[ext]
+	return k, ok
 }
 
 func validExt(ext string) bool {
