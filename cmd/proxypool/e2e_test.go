@@ -287,7 +287,10 @@ func TestEndToEnd(t *testing.T) {
 		defer resp.Body.Close()
 		var out struct {
 			Requested, Returned int
-			Proxies             []struct{ URL, Host, Password string; Port int }
+			Proxies             []struct {
+				URL, Host, Password string
+				Port                int
+			}
 		}
 		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != 200 {
 			t.Fatalf("extract: %d %v", resp.StatusCode, err)
