@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/coreos/go-systemd/v22/activation"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -142,16 +143,19 @@ func run(path string, stderr io.Writer) error {
 			gwLn.Close()
 		}
 	}
+	activated, err := activatedListeners()
+	if err != nil {
+		return err
+	}
 	listen := func(name, addr string, h http.Handler) error {
-		if addr == "" {
-			return nil
-		}
-		ln, err := net.Listen("tcp", addr)
+		ln, err := bind(name, addr, activated)
 		if err != nil {
 			closeAll()
-			return fmt.Errorf("%s listener: %w", name, err)
+			return err
 		}
-		servers = append(servers, served{name, ln, httpapi.NewServer(h, httpapi.ServerLimits{})})
+		if ln != nil {
+			servers = append(servers, served{name, ln, httpapi.NewServer(h, httpapi.ServerLimits{})})
+		}
 		return nil
 	}
 	if err := listen("distribution", cfg.Listeners.Distribution, a.dist); err != nil {
@@ -163,11 +167,9 @@ func run(path string, stderr io.Writer) error {
 	if err := listen("metrics", cfg.Listeners.Metrics, ops); err != nil {
 		return err
 	}
-	if cfg.Listeners.Gateway != "" {
-		if gwLn, err = net.Listen("tcp", cfg.Listeners.Gateway); err != nil {
-			closeAll()
-			return fmt.Errorf("gateway listener: %w", err)
-		}
+	if gwLn, err = bind("gateway", cfg.Listeners.Gateway, activated); err != nil {
+		closeAll()
+		return err
 	}
 
 	ctx, cancel := context.WithCancel(context.Background())
@@ -235,6 +237,39 @@ loop:
 	wg.Wait()
 	log.Info("stopped")
 	return runErr
+}
+
+// activatedListeners returns the sockets systemd passed (socket
+// activation), by FileDescriptorName; empty when not socket-activated.
+func activatedListeners() (map[string]net.Listener, error) {
+	named, err := activation.ListenersWithNames()
+	if err != nil {
+		return nil, fmt.Errorf("socket activation: %w", err)
+	}
+	out := make(map[string]net.Listener, len(named))
+	for name, lns := range named {
+		if len(lns) != 1 || lns[0] == nil {
+			return nil, fmt.Errorf("socket activation: want one stream socket named %q, got %d", name, len(lns))
+		}
+		out[name] = lns[0]
+	}
+	return out, nil
+}
+
+// bind returns the activated socket named name, else listens on addr
+// (nil, nil when addr is empty: that surface is off).
+func bind(name, addr string, activated map[string]net.Listener) (net.Listener, error) {
+	if ln, ok := activated[name]; ok {
+		return ln, nil
+	}
+	if addr == "" {
+		return nil, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("%s listener: %w", name, err)
+	}
+	return ln, nil
 }
 
 // notifyReadyWhenUsable sends READY=1 once the controller has published a

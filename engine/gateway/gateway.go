@@ -213,7 +213,7 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 		return fmt.Errorf("serving gateway on %s: %w", ln.Addr(), err)
 	case <-ctx.Done():
 	}
-	drain := cfg.Shutdown
+	drain := g.cfg.Load().Shutdown // the drain of the config in force now
 	if drain <= 0 {
 		drain = config.DefaultShutdownTimeout
 	}

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/proxypool/proxypool/engine/domain/worker"
+	"github.com/proxypool/proxypool/engine/gateway/dispatch"
 )
 
 // Outcome queue bounds (seed 000 §17.2: reporting is batched, asynchronous
@@ -95,3 +96,5 @@ func (q *outcomeQueue) close() {
 	q.once.Do(func() { close(q.stop) })
 	<-q.done
 }
+
+var _ dispatch.OutcomeQueue = (*outcomeQueue)(nil)

@@ -152,17 +152,20 @@ var benchPool *Pool
 
 // BenchmarkExtract10 extracts batches of 10 from a pool that never holds
 // fewer than 1,000,000 AVAILABLE entries over 10 upstreams: it is refilled
-// (untimed) to 1,000,000 + 10·b.N before each run.
+// (untimed) before each run so that b.N extractions cannot drain it. The
+// fixture shares one UsableUntil per second of a 50-minute window, so ties
+// are as common as with vendor batches.
 func BenchmarkExtract10(b *testing.B) {
 	const base = 1_000_000
 	now := time.Now()
-	prepare := func(b *testing.B) *Pool {
+	// share is the fraction of the pool a request can draw from.
+	prepare := func(b *testing.B, share int) *Pool {
 		b.Helper()
 		if benchPool == nil {
 			benchPool = NewPool(PoolOptions{MaxEntries: 50_000_000})
 		}
 		restoreExtracted(benchPool)
-		if need := base + 10*b.N + 10; benchPool.Stats().Entries < need {
+		if need := base + share*10*b.N + 10; benchPool.Stats().Entries < need {
 			fillAvailable(benchPool, 10, need-benchPool.Stats().Entries, now)
 		}
 		return benchPool
@@ -170,7 +173,7 @@ func BenchmarkExtract10(b *testing.B) {
 	req := extraction.Request{Client: "bench", Count: 10, Fulfillment: extraction.Partial, Now: now}
 	ctx := context.Background()
 	b.Run("goroutines=1", func(b *testing.B) {
-		p := prepare(b)
+		p := prepare(b, 1)
 		b.ReportAllocs()
 		b.ResetTimer()
 		for range b.N {
@@ -181,7 +184,7 @@ func BenchmarkExtract10(b *testing.B) {
 		}
 	})
 	b.Run("goroutines=32", func(b *testing.B) {
-		p := prepare(b)
+		p := prepare(b, 1)
 		b.SetParallelism((32 + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
 		b.ReportAllocs()
 		b.ResetTimer()
@@ -196,7 +199,7 @@ func BenchmarkExtract10(b *testing.B) {
 		})
 	})
 	b.Run("goroutines=1/upstreamFilter", func(b *testing.B) {
-		p := prepare(b)
+		p := prepare(b, 5) // two of ten upstreams
 		r := req
 		r.Filters.Upstreams = []string{"u3", "u7"}
 		b.ReportAllocs()

@@ -27,7 +27,7 @@ const (
 	// MaxProbes bounds the entries one selection looks at, eligible or
 	// not: a pool where fewer than one in MaxProbes proxies has a free
 	// slot is refused as busy instead of scanned to the end.
-	MaxProbes = 4096
+	MaxProbes = 2048
 	// maxRounds bounds selections when reservations keep losing the race
 	// for a proxy's last slot.
 	maxRounds = 4

@@ -167,27 +167,34 @@ func TestAcquireCommitReleaseAllocatesNothing(t *testing.T) {
 	}
 }
 
-// bigSnapshot has n proxies in one upstream, usable for a day.
-func bigSnapshot(n int) *worker.Snapshot {
+// bigSnapshot has n proxies in one upstream, usable for a day, with a
+// concurrency limit no benchmark reaches.
+func bigSnapshot(n int) *worker.Snapshot { return bigSnapshotAt(n, 1<<20, t0) }
+
+func bigSnapshotAt(n int, limit int64, base time.Time) *worker.Snapshot {
 	ps := make([]proxy.Proxy, n)
 	for i := range ps {
-		ps[i] = gwtest.MakeProxy("a", "198.51."+strconv.Itoa(i/250)+"."+strconv.Itoa(i%250+1), 3128, "u", "p", t0)
-		ps[i].UsableUntil = t0.Add(24 * time.Hour)
-		ps[i].MaxConcurrency = 1 << 20
+		ps[i] = gwtest.MakeProxy("a", "198.51."+strconv.Itoa(i/250)+"."+strconv.Itoa(i%250+1), 3128, "u", "p", base)
+		ps[i].UsableUntil = base.Add(24 * time.Hour)
+		ps[i].MaxConcurrency = limit
 	}
-	return gwtest.Snapshot(1, t0, ps...)
+	ws := gwtest.Snapshot(1, base, ps...)
+	ws.ValidUntil = base.Add(24 * time.Hour)
+	return ws
 }
 
-func newBenchEnv(b *testing.B, n int) *env {
+// newBenchEnv runs on the real clock: time.Now's cost belongs in the
+// measurement.
+func newBenchEnv(b *testing.B, n int, limit int64) *env {
 	b.Helper()
-	e := &env{clock: newClock(), snaps: &snapshot.Holder{}, prom: prometheus.NewRegistry()}
-	e.reg = snapshot.NewRegistry(2*n, e.clock.Now)
-	s, err := snapshot.Build(bigSnapshot(n), e.reg)
+	ws := bigSnapshotAt(n, limit, time.Now())
+	e := &env{snaps: &snapshot.Holder{}, prom: prometheus.NewRegistry()}
+	e.reg = snapshot.NewRegistry(2*n, time.Now)
+	s, err := snapshot.Build(ws, e.reg)
 	if err != nil {
 		b.Fatal(err)
 	}
 	e.snaps.Store(s)
-	// The real clock: time.Now's cost belongs in the measurement.
 	e.d = dispatch.New(e.snaps, dispatch.Options{Registerer: e.prom})
 	return e
 }
@@ -196,7 +203,7 @@ func newBenchEnv(b *testing.B, n int) *env {
 // 100,000-proxy snapshot, serially and from every P in parallel.
 func BenchmarkAcquireCommitRelease(b *testing.B) {
 	const n = 100_000
-	e := newBenchEnv(b, n)
+	e := newBenchEnv(b, n, 1<<20)
 	one := func(ctx context.Context, req *dispatch.Request) {
 		a, err := e.d.Acquire(ctx, req)
 		if err != nil {
@@ -225,11 +232,11 @@ func BenchmarkAcquireCommitRelease(b *testing.B) {
 			}
 		})
 	})
-	// Saturated: every proxy holds one active allocation with limit 1, so
+	// Saturated: every proxy holds one reservation with limit 1, so
 	// each Acquire probes up to MaxProbes entries before refusing — the
 	// worst case the probe bound exists for.
 	b.Run("saturated", func(b *testing.B) {
-		es := newBenchEnv(b, n)
+		es := newBenchEnv(b, n, 1)
 		for _, r := range es.snaps.Load().Rules() {
 			for _, en := range r.Candidates() {
 				for en.Counter().TryReserve(en.Limit()) {

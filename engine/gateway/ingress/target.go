@@ -74,7 +74,7 @@ func normaliseHost(h string) (string, error) {
 			return "", fmt.Errorf("invalid character in host %q", h)
 		}
 	}
-	if strings.Contains(h, "..") {
+	if h[0] == '.' || h[len(h)-1] == '.' || strings.Contains(h, "..") {
 		return "", fmt.Errorf("empty label in host %q", h)
 	}
 	return strings.ToLower(h), nil

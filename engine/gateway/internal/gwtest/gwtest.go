@@ -37,6 +37,8 @@ type UpstreamProxy struct {
 
 	conns    atomic.Int64
 	requests atomic.Int64
+	mu       sync.Mutex
+	seen     []Seen
 	srv      *httptest.Server
 	rt       *http.Transport
 }
@@ -71,8 +73,18 @@ func (p *UpstreamProxy) Requests() int64 { return p.requests.Load() }
 // Close stops the proxy; its port then refuses connections.
 func (p *UpstreamProxy) Close() { p.srv.CloseClientConnections(); p.srv.Close() }
 
+// Seen returns the requests the proxy received, headers as they arrived.
+func (p *UpstreamProxy) Seen() []Seen {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]Seen(nil), p.seen...)
+}
+
 func (p *UpstreamProxy) serve(w http.ResponseWriter, r *http.Request) {
 	p.requests.Add(1)
+	p.mu.Lock()
+	p.seen = append(p.seen, Seen{Method: r.Method, Path: r.URL.String(), Header: r.Header.Clone()})
+	p.mu.Unlock()
 	if p.User != "" {
 		u, pw, ok := parseProxyBasic(r.Header.Get("Proxy-Authorization"))
 		if !ok || u != p.User || pw != p.Pass {

@@ -1,0 +1,254 @@
+package transport_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/proxypool/proxypool/engine/domain/proxy"
+	"github.com/proxypool/proxypool/engine/domain/worker"
+	"github.com/proxypool/proxypool/engine/gateway/internal/gwtest"
+	"github.com/proxypool/proxypool/engine/gateway/snapshot"
+	"github.com/proxypool/proxypool/engine/gateway/transport"
+)
+
+// target builds the snapshot target of p the way the gateway does.
+func target(t *testing.T, p proxy.Proxy) *snapshot.Target {
+	t.Helper()
+	s, err := snapshot.Build(gwtest.Snapshot(1, time.Now(), p), snapshot.NewRegistry(0, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := s.Rules()[0].Candidates()
+	if len(c) != 1 {
+		t.Fatal("proxy not allocatable")
+	}
+	return c[0].Target()
+}
+
+func get(t *testing.T, url string) *http.Request {
+	t.Helper()
+	r, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// silentProxy accepts connections and reads but never answers.
+func silentProxy(t *testing.T) (string, uint16) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
+		}
+	}()
+	h, p, _ := net.SplitHostPort(ln.Addr().String())
+	n, _ := strconv.Atoi(p)
+	return h, uint16(n)
+}
+
+// scriptedProxy answers every connection with reply once it has read a
+// request head.
+func scriptedProxy(t *testing.T, reply string) (string, uint16) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					line, err := br.ReadString('\n')
+					if err != nil || line == "\r\n" {
+						break
+					}
+				}
+				_, _ = io.WriteString(c, reply)
+				_, _ = io.Copy(io.Discard, br)
+			}()
+		}
+	}()
+	h, p, _ := net.SplitHostPort(ln.Addr().String())
+	n, _ := strconv.Atoi(p)
+	return h, uint16(n)
+}
+
+func TestRoundTripThroughUpstream(t *testing.T) {
+	tg := gwtest.NewTarget(t)
+	up := gwtest.NewUpstreamProxy(t, "up1", "alice", "s3cret")
+	tr := transport.New(transport.Options{})
+	defer tr.CloseIdleConnections()
+	tgt := target(t, up.Proxy("u", time.Now()))
+	for i := range 3 {
+		resp, err := tr.RoundTrip(get(t, tg.URL+"/x"+strconv.Itoa(i)), tgt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || string(body) != "hello /x"+strconv.Itoa(i) || resp.Header.Get("X-Seen-Upstream-Proxy") != "up1" {
+			t.Fatalf("response %d %q %v", resp.StatusCode, body, resp.Header)
+		}
+	}
+	if n := up.Conns(); n != 1 {
+		t.Fatalf("upstream proxy saw %d connections for 3 sequential requests, want 1 (reuse)", n)
+	}
+}
+
+func TestRoundTripFailurePhases(t *testing.T) {
+	tg := gwtest.NewTarget(t)
+	now := time.Now()
+	silentHost, silentPort := silentProxy(t)
+	authUp := gwtest.NewUpstreamProxy(t, "auth", "alice", "right")
+	tests := []struct {
+		name  string
+		proxy proxy.Proxy
+		phase worker.Phase
+		code  int
+	}{
+		{"connection refused", gwtest.MakeProxy("u", "127.0.0.1", gwtest.ClosedPort(t), "", "", now), worker.PhaseDial, 0},
+		{"no response headers", gwtest.MakeProxy("u", silentHost, silentPort, "", "", now), worker.PhaseResponseHeaders, 0},
+		{"wrong credentials", gwtest.MakeProxy("u", authUp.Host, authUp.Port, "alice", "wrong", now), worker.PhaseProxyHandshake, 407},
+	}
+	tr := transport.New(transport.Options{ResponseHeaderTimeout: 200 * time.Millisecond, DialTimeout: time.Second})
+	defer tr.CloseIdleConnections()
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, err := tr.RoundTrip(get(t, tg.URL+"/"), target(t, tc.proxy))
+			if err == nil {
+				resp.Body.Close()
+				t.Fatal("round trip succeeded")
+			}
+			var te *transport.Error
+			if !errors.As(err, &te) || te.Phase != tc.phase || transport.PhaseOf(err) != tc.phase {
+				t.Fatalf("err = %v, want phase %s", err, tc.phase)
+			}
+			var se *transport.StatusError
+			if tc.code != 0 && (!errors.As(err, &se) || se.Code != tc.code) {
+				t.Fatalf("err = %v, want status %d", err, tc.code)
+			}
+		})
+	}
+}
+
+func TestConnect(t *testing.T) {
+	echo := gwtest.NewEchoServer(t)
+	up := gwtest.NewUpstreamProxy(t, "up1", "alice", "s3cret")
+	tr := transport.New(transport.Options{})
+	tun, err := tr.Connect(context.Background(), target(t, up.Proxy("u", time.Now())), echo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tun.Conn.Close()
+	if _, ok := tun.Conn.(*net.TCPConn); !ok {
+		t.Fatalf("tunnel conn is %T, want *net.TCPConn for splice", tun.Conn)
+	}
+	if _, err := io.WriteString(tun.Conn, "ping"); err != nil {
+		t.Fatal(err)
+	}
+	_ = tun.Conn.(*net.TCPConn).CloseWrite()
+	got, err := io.ReadAll(tun.Conn)
+	if err != nil || string(got) != "ping" {
+		t.Fatalf("echo = %q, %v", got, err)
+	}
+}
+
+func TestConnectKeepsEarlyBytes(t *testing.T) {
+	host, port := scriptedProxy(t, "HTTP/1.1 200 Connection established\r\n\r\nSERVER-FIRST")
+	tr := transport.New(transport.Options{})
+	tun, err := tr.Connect(context.Background(), target(t, gwtest.MakeProxy("u", host, port, "", "", time.Now())), "example.com:25")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tun.Conn.Close()
+	if string(tun.Buffered) != "SERVER-FIRST" {
+		// The scripted reply may arrive in two segments; the rest is on
+		// the connection.
+		rest := make([]byte, len("SERVER-FIRST")-len(tun.Buffered))
+		if _, err := io.ReadFull(tun.Conn, rest); err != nil || string(tun.Buffered)+string(rest) != "SERVER-FIRST" {
+			t.Fatalf("early bytes lost: buffered %q rest %q", tun.Buffered, rest)
+		}
+	}
+}
+
+func TestConnectFailurePhases(t *testing.T) {
+	now := time.Now()
+	authUp := gwtest.NewUpstreamProxy(t, "auth", "alice", "right")
+	silentHost, silentPort := silentProxy(t)
+	refuseHost, refusePort := scriptedProxy(t, "HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
+	hugeHost, hugePort := scriptedProxy(t, "HTTP/1.1 200 OK\r\nX-Big: "+strings.Repeat("a", 128<<10)+"\r\n\r\n")
+	tests := []struct {
+		name  string
+		proxy proxy.Proxy
+		phase worker.Phase
+		code  int
+	}{
+		{"connection refused", gwtest.MakeProxy("u", "127.0.0.1", gwtest.ClosedPort(t), "", "", now), worker.PhaseDial, 0},
+		{"wrong credentials", gwtest.MakeProxy("u", authUp.Host, authUp.Port, "alice", "wrong", now), worker.PhaseProxyHandshake, 407},
+		{"upstream refuses target", gwtest.MakeProxy("u", refuseHost, refusePort, "", "", now), worker.PhaseProxyHandshake, 502},
+		{"no reply", gwtest.MakeProxy("u", silentHost, silentPort, "", "", now), worker.PhaseProxyHandshake, 0},
+		{"oversized reply", gwtest.MakeProxy("u", hugeHost, hugePort, "", "", now), worker.PhaseProxyHandshake, 0},
+	}
+	tr := transport.New(transport.Options{HandshakeTimeout: 200 * time.Millisecond, DialTimeout: time.Second})
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tun, err := tr.Connect(context.Background(), target(t, tc.proxy), "example.com:443")
+			if err == nil {
+				tun.Conn.Close()
+				t.Fatal("connect succeeded")
+			}
+			if got := transport.PhaseOf(err); got != tc.phase {
+				t.Fatalf("err = %v, want phase %s", err, tc.phase)
+			}
+			var se *transport.StatusError
+			if tc.code != 0 && (!errors.As(err, &se) || se.Code != tc.code) {
+				t.Fatalf("err = %v, want status %d", err, tc.code)
+			}
+		})
+	}
+}
+
+func TestConnectCancelledByClient(t *testing.T) {
+	host, port := silentProxy(t)
+	tr := transport.New(transport.Options{HandshakeTimeout: time.Minute})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := tr.Connect(ctx, target(t, gwtest.MakeProxy("u", host, port, "", "", time.Now())), "example.com:443")
+		done <- err
+	}()
+	cancel()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("connect succeeded")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("cancelled handshake still waiting")
+	}
+}
