@@ -1046,7 +1046,7 @@ func testIdempotency(t *testing.T, newPool func(t *testing.T) activitypool.Pool)
 		}
 		again := base
 		again.Filters.Upstreams = []string{"b", "a", "b"} // same set
-		again.ReserveForGateway = 1                      // configuration, not the client's request
+		again.ReserveForGateway = 1                       // configuration, not the client's request
 		for range 3 {
 			second := f.extract(again)
 			if !second.Replayed || second.Returned != 2 || second.Requested != 2 || !slices.Equal(ids(second.Proxies), ids(first.Proxies)) {
