@@ -147,6 +147,16 @@ func run(path string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	for name, ln := range activated {
+		switch name {
+		case "gateway", "distribution", "admin", "metrics":
+			if err := strictActivated(cfg, name, ln.Addr()); err != nil {
+				return err
+			}
+		default:
+			log.Warn("ignoring a socket-activated listener with an unknown name", "name", name, "addr", ln.Addr().String())
+		}
+	}
 	listen := func(name, addr string, h http.Handler) error {
 		ln, err := bind(name, addr, activated)
 		if err != nil {
@@ -256,6 +266,30 @@ func activatedListeners() (map[string]net.Listener, error) {
 	return out, nil
 }
 
+// strictActivated applies strict mode to a socket systemd bound: the
+// configured address was checked by validation, the activated one was not.
+func strictActivated(cfg *config.Config, name string, addr net.Addr) error {
+	if !cfg.StrictMode() || config.IsLoopbackListener(addr.String()) {
+		return nil
+	}
+	var a *config.Auth
+	var acc *config.Access
+	switch name {
+	case "gateway":
+		a, acc = &cfg.Gateway.Auth, &cfg.Gateway.Access
+	case "distribution":
+		a, acc = &cfg.Distribution.Auth, &cfg.Distribution.Access
+	case "admin":
+		a, acc = &cfg.Admin.Auth, &cfg.Admin.Access
+	default:
+		return nil // metrics carry no credentials and no proxying
+	}
+	if a.Mode == "none" && len(acc.AllowCIDRs) == 0 {
+		return fmt.Errorf("strict mode: socket-activated %s listener %s is beyond loopback with auth none and no access.allowCIDRs", name, addr)
+	}
+	return nil
+}
+
 // bind returns the activated socket named name, else listens on addr
 // (nil, nil when addr is empty: that surface is off).
 func bind(name, addr string, activated map[string]net.Listener) (net.Listener, error) {
@@ -277,6 +311,7 @@ func bind(name, addr string, activated map[string]net.Listener) (net.Listener, e
 func (a *appliance) notifyReadyWhenUsable(ctx context.Context, dm *demo) {
 	t := time.NewTicker(readyPoll)
 	defer t.Stop()
+	a.notify.Status("waiting for the first usable proxy")
 	for !a.ctrl.Ready() {
 		select {
 		case <-ctx.Done():
@@ -285,6 +320,7 @@ func (a *appliance) notifyReadyWhenUsable(ctx context.Context, dm *demo) {
 		}
 	}
 	a.notify.Ready()
+	a.notify.Status("serving")
 	a.log.Info("ready")
 	if dm != nil {
 		a.mu.Lock()
