@@ -35,6 +35,8 @@ const (
 	DefaultCheckTimeout      = 5 * time.Second
 	DefaultFailureThreshold  = 3
 	DefaultCheckMaxInFlight  = 64
+	DefaultAnonymity         = "anonymous"
+	DefaultTargetStatus      = 200
 	DefaultMaxHeaderBytes    = 32 << 10
 	DefaultMaxHeaderCount    = 100
 	DefaultReadHeaderTimeout = 10 * time.Second
@@ -106,14 +108,37 @@ type Storage struct {
 
 // Redis is the cluster activity-pool store.
 type Redis struct {
-	URL      string `yaml:"url"`
+	URL      string `yaml:"url"` // redis:// or rediss:// (TLS)
 	Password Secret `yaml:"password"`
+	TLS      TLS    `yaml:"tls"`
 }
 
 // PG is the cluster management store.
 type PG struct {
 	URL      string `yaml:"url"`
 	Password Secret `yaml:"password"`
+	TLS      TLS    `yaml:"tls"`
+	// MigrateOnStart applies pending migrations when the store opens;
+	// without it a schema behind the binary refuses to start
+	// (`proxy-controller migrate up` applies them).
+	MigrateOnStart bool `yaml:"migrateOnStart"`
+	// FingerprintKey is the HMAC-SHA-256 key of config revision
+	// fingerprints; every controller of a fleet must share it (seed 000
+	// §14). Required in cluster mode.
+	FingerprintKey Secret `yaml:"fingerprintKey"`
+}
+
+// TLS configures a client connection to a storage server. Enabled with no
+// files uses the system roots; CertFile and KeyFile (both or neither) add a
+// client certificate.
+type TLS struct {
+	Enabled    bool   `yaml:"enabled"`
+	CAFile     string `yaml:"caFile"`
+	CertFile   string `yaml:"certFile"`
+	KeyFile    string `yaml:"keyFile"`
+	ServerName string `yaml:"serverName"`
+	// InsecureSkipVerify disables server verification; for tests only.
+	InsecureSkipVerify bool `yaml:"insecureSkipVerify"`
 }
 
 // Auth configures how one surface authenticates its clients.
@@ -234,6 +259,31 @@ type Check struct {
 	Timeout          time.Duration `yaml:"timeout"`
 	FailureThreshold int           `yaml:"failureThreshold"`
 	MaxInFlight      int           `yaml:"maxInFlight"`
+	// ProbeTarget is the host:port the BASIC check asks each proxy to
+	// CONNECT to; empty: the proxy's own address.
+	ProbeTarget string `yaml:"probeTarget"`
+	// EgressURL, when set, adds the EGRESS check: a request through the
+	// proxy to this echo service, which must answer with what it received
+	// (JSON with the remote address and headers, or the caller's IP as
+	// text). It records the exit IP and whether our address or proxy
+	// headers leaked.
+	EgressURL string `yaml:"egressURL"`
+	// Anonymity is what the EGRESS check requires: transparent (anything),
+	// anonymous (our address never leaks; the default) or elite (no Via,
+	// X-Forwarded-For or Forwarded either).
+	Anonymity string `yaml:"anonymity"`
+}
+
+// Anonymity levels of check.anonymity.
+var AnonymityLevels = []string{"transparent", "anonymous", "elite"}
+
+// RoutingCheck is a routing's TARGET check: a request to URL through each
+// proxy the routing may use. A proxy failing it is excluded from this
+// routing only.
+type RoutingCheck struct {
+	URL          string        `yaml:"url"`
+	ExpectStatus int           `yaml:"expectStatus"`
+	Interval     time.Duration `yaml:"interval"`
 }
 
 // Routing is one first-match rule.
@@ -248,6 +298,12 @@ type Routing struct {
 	Tags          StringMap     `yaml:"tags"` // proxies must carry these tags
 	Sticky        Sticky        `yaml:"sticky"`
 	Retry         Retry         `yaml:"retry"`
+	// Check, when set, runs a TARGET check for this routing.
+	Check *RoutingCheck `yaml:"check"`
+	// MaxInFlight bounds the requests and tunnels one gateway worker
+	// carries for this routing at once (admission before a proxy is
+	// chosen); 0 means no bound beyond the proxies' own limits.
+	MaxInFlight int `yaml:"maxInFlight"`
 }
 
 // Match selects requests; every set field must match. An empty Match

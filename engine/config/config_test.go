@@ -176,6 +176,59 @@ func TestSyntaxErrorsAndEdgeFiles(t *testing.T) {
 	}
 }
 
+func TestCheckSettings(t *testing.T) {
+	const base = "listeners: {gateway: 127.0.0.1:8080}\nupstreams:\n  - name: a\n    provider: {plugin: p}\n"
+	good := base + `    check: {probeTarget: "example.com:443", egressURL: "https://echo.example/ip", anonymity: elite}
+routings:
+  - name: shop
+    upstreams: [a]
+    check: {url: "https://shop.example/health"}
+`
+	c, err := Parse([]byte(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := c.Upstreams[0].Check
+	if k.ProbeTarget != "example.com:443" || k.EgressURL != "https://echo.example/ip" || k.Anonymity != "elite" {
+		t.Fatalf("check = %+v", k)
+	}
+	rc := c.Routings[0].Check
+	if rc == nil || rc.ExpectStatus != DefaultTargetStatus || rc.Interval != DefaultCheckInterval {
+		t.Fatalf("routing check defaults not applied: %+v", rc)
+	}
+	if c2, _ := Parse([]byte(base)); c2.Upstreams[0].Check.Anonymity != DefaultAnonymity || c2.Routings[0].Check != nil {
+		t.Fatalf("defaults without the new fields: %+v", c2.Upstreams[0].Check)
+	}
+
+	bad := base + `    check: {probeTarget: "no-port", egressURL: "ftp://echo.example/", anonymity: invisible}
+routings:
+  - name: shop
+    upstreams: [a]
+    check: {expectStatus: 700, interval: -1s}
+  - name: other
+    upstreams: [a]
+    check: {url: "http://user:pw@x.example/"}
+`
+	_, err = Parse([]byte(bad))
+	var errs Errors
+	if !errors.As(err, &errs) {
+		t.Fatalf("want Errors, got %v", err)
+	}
+	paths := map[string]bool{}
+	for _, e := range errs {
+		paths[e.Path] = true
+	}
+	for _, want := range []string{
+		"upstreams[0].check.probeTarget", "upstreams[0].check.egressURL", "upstreams[0].check.anonymity",
+		"routings[0].check.url", "routings[0].check.expectStatus", "routings[0].check.interval",
+		"routings[1].check.url",
+	} {
+		if !paths[want] {
+			t.Errorf("no error for %s in %v", want, errs)
+		}
+	}
+}
+
 // The shipped samples must always be valid: the packaged one as is, the
 // demo with its opt-ins.
 func TestShippedSamplesAreValid(t *testing.T) {
@@ -207,4 +260,22 @@ func FuzzParse(f *testing.F) {
 			t.Fatal("nil config without error")
 		}
 	})
+}
+
+func TestRoutingMaxInFlight(t *testing.T) {
+	const base = "listeners: {gateway: 127.0.0.1:8080}\nupstreams:\n  - name: a\n    provider: {plugin: p}\nroutings:\n  - name: r\n    upstreams: [a]\n"
+	c, err := Parse([]byte(base + "    maxInFlight: 50\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Routings[0].MaxInFlight != 50 {
+		t.Fatalf("maxInFlight = %d", c.Routings[0].MaxInFlight)
+	}
+	if c, _ := Parse([]byte(base)); c.Routings[0].MaxInFlight != 0 {
+		t.Fatalf("default maxInFlight = %d, want 0 (unbounded)", c.Routings[0].MaxInFlight)
+	}
+	_, err = Parse([]byte(base + "    maxInFlight: -1\n"))
+	if err == nil || !strings.Contains(err.Error(), "routings[0].maxInFlight") {
+		t.Fatalf("negative maxInFlight: %v", err)
+	}
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"net/url"
+	"os"
 	"regexp"
 	"strings"
 	"time"
@@ -76,6 +78,7 @@ func (c *Config) applyDefaults() {
 		defD(&k.Timeout, DefaultCheckTimeout)
 		defI(&k.FailureThreshold, DefaultFailureThreshold)
 		defI(&k.MaxInFlight, DefaultCheckMaxInFlight)
+		def(&k.Anonymity, DefaultAnonymity)
 	}
 	if len(c.Routings) == 0 && len(c.Upstreams) > 0 {
 		// No routing: one catch-all rule over every upstream, so a config
@@ -97,6 +100,10 @@ func (c *Config) applyDefaults() {
 		defI(&r.Retry.MaxAttempts, DefaultRetryAttempts)
 		if r.Sticky.Header != "" {
 			defI(&r.Sticky.MaxEntries, 10000)
+		}
+		if r.Check != nil {
+			defI(&r.Check.ExpectStatus, DefaultTargetStatus)
+			defD(&r.Check.Interval, DefaultCheckInterval)
 		}
 	}
 	e := &c.Extraction
@@ -230,6 +237,11 @@ func (c *Config) validate() Errors {
 	}
 	v.secret("storage.redis.password", &c.Storage.Redis.Password, false)
 	v.secret("storage.postgres.password", &c.Storage.Postgres.Password, false)
+	v.secret("storage.postgres.fingerprintKey", &c.Storage.Postgres.FingerprintKey, c.Storage.Mode == "cluster")
+	v.storageURL("storage.redis.url", c.Storage.Redis.URL, "redis", "rediss")
+	v.storageURL("storage.postgres.url", c.Storage.Postgres.URL, "postgres", "postgresql")
+	v.tls("storage.redis.tls", &c.Storage.Redis.TLS)
+	v.tls("storage.postgres.tls", &c.Storage.Postgres.TLS)
 	v.positive("shutdownTimeout", c.Shutdown)
 
 	v.auth("gateway.auth", &c.Gateway.Auth)
@@ -373,6 +385,27 @@ func (c *Config) validateUpstream(v *validator, i int, names map[string]bool) {
 	v.positive(p+".check.timeout", k.Timeout)
 	v.atLeast(p+".check.failureThreshold", k.FailureThreshold, 1)
 	v.atLeast(p+".check.maxInFlight", k.MaxInFlight, 1)
+	v.addr(p+".check.probeTarget", k.ProbeTarget, false)
+	if k.EgressURL != "" {
+		v.checkURL(p+".check.egressURL", k.EgressURL)
+	}
+	v.oneOf(p+".check.anonymity", k.Anonymity, AnonymityLevels...)
+}
+
+// checkURL accepts an absolute http or https URL with a host and no
+// credentials (they would end up in logs and observations).
+func (v *validator) checkURL(path, s string) {
+	u, err := url.Parse(s)
+	switch {
+	case err != nil:
+		v.add(path, "not a URL: %v", err)
+	case u.Scheme != "http" && u.Scheme != "https":
+		v.add(path, "must be an http or https URL, got %q", s)
+	case u.Host == "" || u.Hostname() == "":
+		v.add(path, "must name a host, got %q", s)
+	case u.User != nil:
+		v.add(path, "must not carry credentials")
+	}
 }
 
 func (c *Config) validateRouting(v *validator, i int, upstreams, seen map[string]bool) {
@@ -426,5 +459,56 @@ func (c *Config) validateRouting(v *validator, i int, upstreams, seen map[string
 	}
 	if r.Sticky.Header != "" {
 		v.atLeast(p+".sticky.maxEntries", r.Sticky.MaxEntries, 1)
+	}
+	v.atLeast(p+".maxInFlight", r.MaxInFlight, 0)
+	if k := r.Check; k != nil {
+		if k.URL == "" {
+			v.add(p+".check.url", "is required")
+		} else {
+			v.checkURL(p+".check.url", k.URL)
+		}
+		if k.ExpectStatus < 100 || k.ExpectStatus > 599 {
+			v.add(p+".check.expectStatus", "must be an HTTP status 100..599, got %d", k.ExpectStatus)
+		}
+		v.positive(p+".check.interval", k.Interval)
+	}
+}
+
+// storageURL checks the scheme of a storage server URL and that it carries
+// no password: passwords are secret references (storage.*.password).
+func (v *validator) storageURL(path, s string, schemes ...string) {
+	if s == "" {
+		return
+	}
+	u, err := url.Parse(s)
+	if err != nil {
+		// url.Parse echoes the input, which may hold a password.
+		v.add(path, "not a URL")
+		return
+	}
+	ok := false
+	for _, sc := range schemes {
+		ok = ok || u.Scheme == sc
+	}
+	if !ok {
+		v.add(path, "scheme must be one of %s, got %q", strings.Join(schemes, ", "), u.Scheme)
+	}
+	if _, set := u.User.Password(); set {
+		v.add(path, "must not carry a password; use the password secret reference")
+	}
+}
+
+// tls checks that the files a storage TLS block names exist.
+func (v *validator) tls(path string, t *TLS) {
+	if (t.CertFile == "") != (t.KeyFile == "") {
+		v.add(path, "certFile and keyFile go together")
+	}
+	for _, f := range []struct{ name, file string }{{"caFile", t.CAFile}, {"certFile", t.CertFile}, {"keyFile", t.KeyFile}} {
+		if f.file == "" {
+			continue
+		}
+		if _, err := os.Stat(f.file); err != nil {
+			v.add(path+"."+f.name, "%v", err)
+		}
 	}
 }

@@ -7,19 +7,29 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/proxypool/proxypool/engine/adapters/http/auth"
 	"github.com/proxypool/proxypool/engine/config"
+	"github.com/proxypool/proxypool/engine/domain/routing"
 	"github.com/proxypool/proxypool/engine/domain/worker"
+	"github.com/proxypool/proxypool/engine/gateway/destguard"
 	"github.com/proxypool/proxypool/engine/gateway/dispatch"
 	"github.com/proxypool/proxypool/engine/gateway/ingress"
 	"github.com/proxypool/proxypool/engine/gateway/snapshot"
+	"github.com/proxypool/proxypool/engine/gateway/sticky"
 	"github.com/proxypool/proxypool/engine/gateway/transport"
 )
+
+// DefaultStickyMaxEntries bounds a sticky routing's session bindings when
+// the gateway's config does not name the routing (a cluster worker whose
+// routings come only from the controller).
+const DefaultStickyMaxEntries = 10000
 
 // Options build a Gateway.
 type Options struct {
@@ -37,8 +47,9 @@ type Options struct {
 	// proxies); 0 means snapshot.DefaultMaxEntries. Apply refuses a
 	// snapshot that would exceed it.
 	MaxProxies int
-	// Resolver serves the destination policy; nil means net.DefaultResolver.
-	Resolver ingress.Resolver
+	// Resolver serves the destination guard; nil means
+	// net.DefaultResolver.
+	Resolver destguard.Resolver
 	// OutcomeFlushInterval overrides OutcomeFlushInterval (tests).
 	OutcomeFlushInterval time.Duration
 }
@@ -56,7 +67,7 @@ func (e *VersionError) Error() string {
 type Gateway struct {
 	log      *slog.Logger
 	now      func() time.Time
-	resolver ingress.Resolver
+	resolver destguard.Resolver
 
 	reg     *snapshot.Registry
 	snaps   snapshot.Holder
@@ -67,6 +78,10 @@ type Gateway struct {
 
 	applyMu sync.Mutex
 	version prometheus.Gauge
+	applyD  prometheus.Observer
+	// Per routing name, kept across snapshots (guarded by applyMu).
+	sessions map[string]*sticky.Cache
+	gates    map[string]*snapshot.Gate
 
 	cfgMu     sync.Mutex
 	cfg       atomic.Pointer[config.Config]
@@ -81,7 +96,8 @@ func New(opts Options) (*Gateway, error) {
 	if opts.Config == nil {
 		return nil, errors.New("building gateway: config is required")
 	}
-	g := &Gateway{log: opts.Logger, now: opts.Now, resolver: opts.Resolver, listeners: map[*ingress.LimitListener]struct{}{}}
+	g := &Gateway{log: opts.Logger, now: opts.Now, resolver: opts.Resolver, listeners: map[*ingress.LimitListener]struct{}{},
+		sessions: map[string]*sticky.Cache{}, gates: map[string]*snapshot.Gate{}}
 	if g.log == nil {
 		g.log = slog.New(slog.DiscardHandler)
 	}
@@ -118,7 +134,13 @@ func New(opts Options) (*Gateway, error) {
 		Namespace: ns, Subsystem: sub, Name: "outcomes_dropped_total",
 		Help: "Allocation outcomes dropped because the report queue was full.",
 	})
-	reg.MustRegister(g.version, age, dropped)
+	applyD := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: ns, Subsystem: sub, Name: "snapshot_apply_duration_seconds",
+		Help:    "Time to build and swap in a snapshot.",
+		Buckets: []float64{.001, .005, .01, .025, .05, .1, .25, .5, 1, 2.5},
+	})
+	g.applyD = applyD
+	reg.MustRegister(g.version, age, dropped, applyD)
 
 	dopts := dispatch.Options{Now: g.now, MaxStaleAge: cfg.Gateway.MaxStaleAge, Registerer: reg}
 	if opts.Outcomes != nil {
@@ -159,15 +181,75 @@ func (g *Gateway) Apply(ctx context.Context, s *worker.Snapshot) error {
 		return &VersionError{Current: cur.Version, Offered: s.Version}
 	}
 	start := time.Now()
-	built, err := snapshot.Build(s, g.reg)
+	cfg := g.cfg.Load()
+	keep := make(map[string]bool, len(s.Routings))
+	built, err := snapshot.BuildWith(s, g.reg, snapshot.Options{Settings: func(r *routing.Rule) snapshot.RuleSettings {
+		keep[r.Name] = true
+		return g.ruleSettings(cfg, r)
+	}})
 	if err != nil {
 		return fmt.Errorf("applying snapshot %d: %w", s.Version, err)
 	}
 	g.snaps.Store(built)
+	// Parked requests (onUnavailable wait) look at the new snapshot.
+	g.disp.Wake()
+	for name := range g.sessions {
+		if !keep[name] {
+			delete(g.sessions, name)
+		}
+	}
+	for name := range g.gates {
+		if !keep[name] {
+			delete(g.gates, name)
+		}
+	}
+	g.applyD.Observe(time.Since(start).Seconds())
 	g.version.Set(float64(built.Version))
 	g.log.Debug("snapshot applied", "version", built.Version, "proxies", built.Proxies,
 		"allocatable", built.Allocatable, "build", time.Since(start))
 	return nil
+}
+
+// ruleSettings supplies what the gateway's config adds to a rule: its wait
+// timeout, its admission gate and its session cache, the last two kept per
+// routing name across snapshots. It runs under applyMu.
+func (g *Gateway) ruleSettings(cfg *config.Config, r *routing.Rule) snapshot.RuleSettings {
+	set := snapshot.RuleSettings{WaitTimeout: config.DefaultWaitTimeout}
+	maxEntries, maxInFlight := DefaultStickyMaxEntries, 0
+	for i := range cfg.Routings {
+		if c := &cfg.Routings[i]; c.Name == r.Name {
+			if c.WaitTimeout > 0 {
+				set.WaitTimeout = c.WaitTimeout
+			}
+			if c.Sticky.MaxEntries > 0 {
+				maxEntries = c.Sticky.MaxEntries
+			}
+			maxInFlight = c.MaxInFlight
+			break
+		}
+	}
+	if maxInFlight > 0 {
+		gt := g.gates[r.Name]
+		if gt == nil {
+			gt = snapshot.NewGate(int64(maxInFlight))
+			g.gates[r.Name] = gt
+		}
+		gt.SetMax(int64(maxInFlight))
+		set.Gate = gt
+	} else {
+		delete(g.gates, r.Name)
+	}
+	if r.StickyHeader != "" {
+		c := g.sessions[r.Name]
+		if c == nil || c.Max() != maxEntries {
+			c = sticky.New(maxEntries)
+			g.sessions[r.Name] = c
+		}
+		set.Sessions = c
+	} else {
+		delete(g.sessions, r.Name)
+	}
+	return set
 }
 
 // Runtime reports the sparse runtime counts (worker.RuntimeReader).
@@ -189,7 +271,16 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 		return err
 	}
 	l := cfg.Gateway.Limits
-	lln := ingress.NewLimitListener(ln, l.MaxConns, g.handler.Refused)
+	trusted, err := auth.ParsePrefixes(cfg.Gateway.TrustedProxies)
+	if err != nil {
+		return fmt.Errorf("serving gateway on %s: trustedProxies: %w", ln.Addr(), err)
+	}
+	lln := ingress.NewLimitListener(ln, l.MaxConns, g.handler)
+	lln.SetPerClient(l.MaxConnsPerClient, trusted)
+	if ta, ok := ln.Addr().(*net.TCPAddr); ok {
+		// Requests to our own listener would loop through the proxies.
+		g.handler.AddSelf(ta.AddrPort())
+	}
 	g.cfgMu.Lock()
 	g.listeners[lln] = struct{}{}
 	g.cfgMu.Unlock()
@@ -203,6 +294,7 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 		MaxHeaderBytes:               l.MaxHeaderBytes,
 		ReadHeaderTimeout:            l.ReadHeaderTimeout,
 		IdleTimeout:                  l.IdleTimeout,
+		ConnContext:                  ingress.ConnContext,
 		DisableGeneralOptionsHandler: true,
 		ErrorLog:                     slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
 	}
@@ -219,7 +311,7 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	dctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
-	err := srv.Shutdown(dctx)
+	err = srv.Shutdown(dctx)
 	if err == nil {
 		err = g.handler.WaitTunnels(dctx)
 	}
@@ -245,10 +337,12 @@ func strictCheck(cfg *config.Config, addr net.Addr) error {
 	return nil
 }
 
-// UpdateConfig applies a reloaded config: auth, access, destination policy,
-// header count, staleness bound and connection cap take effect for new
-// requests at once; transport limits build a new transport (the old one's
-// idle connections close, in-flight ones finish). Header size and server
+// UpdateConfig applies a reloaded config: auth, access, trusted proxies,
+// destination guard, header count, rate limits, staleness bound and
+// connection caps take effect for new requests at once; transport limits
+// build a new transport (the old one's idle connections close, in-flight
+// ones finish). Routing settings (wait timeout, maxInFlight, sticky
+// maxEntries) apply from the next snapshot. Header size and server
 // timeouts apply to listeners served after the change. On error nothing
 // changes.
 func (g *Gateway) UpdateConfig(cfg *config.Config) error {
@@ -258,6 +352,10 @@ func (g *Gateway) UpdateConfig(cfg *config.Config) error {
 	policy, err := ingress.NewPolicy(cfg, g.resolver)
 	if err != nil {
 		return fmt.Errorf("updating gateway config: %w", err)
+	}
+	trusted, err := auth.ParsePrefixes(cfg.Gateway.TrustedProxies)
+	if err != nil {
+		return fmt.Errorf("updating gateway config: trustedProxies: %w", err)
 	}
 	g.cfgMu.Lock()
 	defer g.cfgMu.Unlock()
@@ -270,6 +368,7 @@ func (g *Gateway) UpdateConfig(cfg *config.Config) error {
 	}
 	for l := range g.listeners {
 		l.SetMax(cfg.Gateway.Limits.MaxConns)
+		l.SetPerClient(cfg.Gateway.Limits.MaxConnsPerClient, trusted)
 	}
 	g.cfg.Store(cfg)
 	return nil
@@ -300,6 +399,14 @@ func (s *swapForwarder) RoundTrip(req *http.Request, t *snapshot.Target) (*http.
 
 func (s *swapForwarder) Connect(ctx context.Context, t *snapshot.Target, authority string) (*transport.Tunnel, error) {
 	return s.p.Load().Connect(ctx, t, authority)
+}
+
+func (s *swapForwarder) DirectRoundTrip(req *http.Request, addrs []netip.AddrPort) (*http.Response, error) {
+	return s.p.Load().DirectRoundTrip(req, addrs)
+}
+
+func (s *swapForwarder) DirectConnect(ctx context.Context, addrs []netip.AddrPort) (net.Conn, error) {
+	return s.p.Load().DirectConnect(ctx, addrs)
 }
 
 var (

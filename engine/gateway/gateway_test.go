@@ -3,7 +3,7 @@ package gateway_test
 import (
 	"bufio"
 	"context"
-	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -12,7 +12,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -25,7 +24,9 @@ import (
 	"github.com/proxypool/proxypool/engine/domain/routing"
 	"github.com/proxypool/proxypool/engine/domain/worker"
 	"github.com/proxypool/proxypool/engine/gateway"
+	"github.com/proxypool/proxypool/engine/gateway/destguard"
 	"github.com/proxypool/proxypool/engine/gateway/internal/gwtest"
+	"github.com/proxypool/proxypool/testenv"
 )
 
 // sink collects reported outcomes.
@@ -67,9 +68,16 @@ gateway:
     responseHeaderTimeout: 2s
 `
 
+// Proxy credentials every simulated upstream demands.
+const upUser, upPass = "vendor-user", "vendor-pass"
+
 // start serves a gateway built from yaml (baseConfig when empty) on a
 // loopback listener.
 func start(t *testing.T, yaml string) *harness {
+	return startWith(t, yaml, nil)
+}
+
+func startWith(t *testing.T, yaml string, resolver destguard.Resolver) *harness {
 	t.Helper()
 	if yaml == "" {
 		yaml = baseConfig
@@ -79,7 +87,8 @@ func start(t *testing.T, yaml string) *harness {
 		t.Fatal(err)
 	}
 	h := &harness{prom: prometheus.NewRegistry(), sink: &sink{}, served: make(chan error, 1)}
-	h.g, err = gateway.New(gateway.Options{Config: cfg, Registry: h.prom, Outcomes: h.sink, OutcomeFlushInterval: 10 * time.Millisecond})
+	h.g, err = gateway.New(gateway.Options{Config: cfg, Registry: h.prom, Outcomes: h.sink,
+		OutcomeFlushInterval: 10 * time.Millisecond, Resolver: resolver})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,11 +139,39 @@ func (h *harness) metric(t *testing.T, name string, labels ...string) float64 {
 	return gwtest.Metric(t, h.prom, name, labels...)
 }
 
-func do(t *testing.T, c *http.Client, method, url string, body io.Reader) (*http.Response, string) {
+// raw writes a request on a fresh connection and reads one response.
+func (h *harness) raw(t *testing.T, req string) *http.Response {
+	t.Helper()
+	conn, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(conn, req); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), &http.Request{Method: strings.SplitN(req, " ", 2)[0]})
+	if err != nil {
+		t.Fatalf("reading response to %q: %v", firstLine(req), err)
+	}
+	if resp.Request.Method != http.MethodConnect {
+		_, _ = io.Copy(io.Discard, resp.Body)
+	}
+	resp.Body.Close()
+	return resp
+}
+
+func firstLine(s string) string { l, _, _ := strings.Cut(s, "\r\n"); return l }
+
+func do(t *testing.T, c *http.Client, method, url string, body io.Reader, hdr ...string) (*http.Response, string) {
 	t.Helper()
 	req, err := http.NewRequest(method, url, body)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
 	}
 	resp, err := c.Do(req)
 	if err != nil {
@@ -148,51 +185,53 @@ func do(t *testing.T, c *http.Client, method, url string, body io.Reader) (*http
 	return resp, string(b)
 }
 
-func threeProxies(t *testing.T) []*gwtest.UpstreamProxy {
-	return []*gwtest.UpstreamProxy{
-		gwtest.NewUpstreamProxy(t, "up1", "u1", "p1"),
-		gwtest.NewUpstreamProxy(t, "up2", "u2", "p2"),
-		gwtest.NewUpstreamProxy(t, "up3", "u3", "p3"),
+// received decodes the testenv target's description of the request.
+func received(t *testing.T, body string) testenv.Received {
+	t.Helper()
+	var r testenv.Received
+	if err := json.Unmarshal([]byte(body), &r); err != nil {
+		t.Fatalf("target answer %q: %v", body, err)
 	}
+	return r
 }
 
-func snapshotOf(version uint64, ups ...*gwtest.UpstreamProxy) *worker.Snapshot {
+func snapshotOf(version uint64, ups ...*testenv.UpstreamProxy) *worker.Snapshot {
 	now := time.Now()
 	var ps []proxy.Proxy
 	for _, u := range ups {
-		ps = append(ps, u.Proxy("vendor", now))
+		ps = append(ps, gwtest.ProxyOf(u, "vendor", upUser, upPass, now))
 	}
 	return gwtest.Snapshot(version, now, ps...)
 }
 
+func requests(ups []*testenv.UpstreamProxy) (n int64) {
+	for _, u := range ups {
+		n += u.Requests() + u.Connects()
+	}
+	return n
+}
+
 func TestGETThroughUpstreamProxy(t *testing.T) {
 	h := start(t, "")
-	tg := gwtest.NewTarget(t)
-	ups := threeProxies(t)
+	tg := gwtest.Target(t)
+	ups := gwtest.Upstreams(t, 3, upUser, upPass)
 	h.apply(t, snapshotOf(1, ups...))
-	names := map[string]bool{"up1": true, "up2": true, "up3": true}
+	names := map[string]bool{}
+	for _, u := range ups {
+		names[u.ID()] = true
+	}
 	for i := range 6 {
-		resp, body := do(t, h.client(""), http.MethodGet, tg.URL+"/page"+strconv.Itoa(i), nil)
-		if resp.StatusCode != 200 || body != "hello /page"+strconv.Itoa(i) {
+		path := fmt.Sprintf("/page%d", i)
+		resp, body := do(t, h.client(""), http.MethodGet, tg.URL()+path, nil)
+		// The upstreams demand credentials: a 200 proves the gateway sent
+		// each proxy's own.
+		if resp.StatusCode != 200 {
 			t.Fatalf("got %d %q", resp.StatusCode, body)
 		}
-		seen := tg.Seen()
-		if via := seen[len(seen)-1].Header.Get(gwtest.UpstreamHeader); !names[via] {
-			t.Fatalf("target saw upstream %q", via)
-		}
-		if resp.Header.Get("X-Seen-Upstream-Proxy") == "" {
-			t.Fatal("response lost the target's headers")
+		if rec := received(t, body); rec.Path != path || !names[rec.UpstreamProxy] {
+			t.Fatalf("target saw %+v", rec)
 		}
 		h.idle(t)
-	}
-	// Upstream proxies got their own credentials.
-	for _, u := range ups {
-		for _, s := range u.Seen() {
-			want := "Basic " + base64.StdEncoding.EncodeToString([]byte(u.User+":"+u.Pass))
-			if got := s.Header.Get("Proxy-Authorization"); got != want {
-				t.Fatalf("%s got Proxy-Authorization %q", u.Name, got)
-			}
-		}
 	}
 	gwtest.Eventually(t, "success outcomes", func() bool {
 		n := 0
@@ -208,6 +247,26 @@ func TestGETThroughUpstreamProxy(t *testing.T) {
 	}
 	if h.metric(t, "proxypool_gateway_bytes_total", "direction", "downstream") == 0 {
 		t.Fatal("bytes_total not counted")
+	}
+	if h.metric(t, "proxypool_gateway_upstream_connect_duration_seconds") != 6 {
+		t.Fatal("upstream connect time not observed")
+	}
+}
+
+// Upstream connections are kept alive and reused: sequential requests
+// through one proxy use one connection.
+func TestUpstreamKeepAlive(t *testing.T) {
+	h := start(t, "")
+	tg := gwtest.Target(t)
+	up := gwtest.Upstreams(t, 1, upUser, upPass)[0]
+	h.apply(t, snapshotOf(1, up))
+	for range 5 {
+		if resp, _ := do(t, h.client(""), http.MethodGet, tg.URL()+"/k", nil); resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	if n := up.ActiveConns(); n != 1 {
+		t.Fatalf("upstream holds %d connections after 5 sequential requests, want 1", n)
 	}
 }
 
@@ -228,18 +287,25 @@ func authConfig(t *testing.T) string {
         password: file:` + writeSecret(t, "client-pass") + "\n"
 }
 
+// directRouting makes the catch-all routing go direct when it has no
+// proxy, so the target sees exactly what the gateway sends.
+func directSnapshot(version uint64) *worker.Snapshot {
+	ws := gwtest.Snapshot(version, time.Now())
+	ws.Routings[0].OnUnavailable = routing.Direct
+	ws.Routings[0].StickyHeader = "X-Session"
+	return ws
+}
+
 func TestHopByHopAndProxyCredentialsNeverForwarded(t *testing.T) {
 	h := start(t, authConfig(t))
-	tg := gwtest.NewTarget(t)
-	up := gwtest.NewUpstreamProxy(t, "up1", "u1", "p1")
-	h.apply(t, snapshotOf(1, up))
-
+	tg := gwtest.Target(t)
+	h.apply(t, directSnapshot(1))
 	conn, err := net.Dial("tcp", h.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	clientAuth := "Basic " + base64.StdEncoding.EncodeToString([]byte("client:client-pass"))
+	clientAuth := "Basic " + base64Of("client:client-pass")
 	fmt.Fprintf(conn, "GET %s/h HTTP/1.1\r\nHost: %s\r\n"+
 		"Proxy-Authorization: %s\r\n"+
 		"Proxy-Connection: keep-alive\r\n"+
@@ -247,76 +313,77 @@ func TestHopByHopAndProxyCredentialsNeverForwarded(t *testing.T) {
 		"X-Hop-Secret: 1\r\n"+
 		"Keep-Alive: timeout=300\r\n"+
 		"TE: trailers\r\n"+
+		"Trailer: X-T\r\n"+
 		"Upgrade: websocket\r\n"+
-		"X-End-To-End: kept\r\n\r\n", tg.URL, tg.Listener.Addr(), clientAuth)
+		"X-Proxypool-Api-Key: gateway-only\r\n"+
+		"X-Session: s1\r\n"+
+		"X-End-To-End: kept\r\n\r\n", tg.URL(), tg.Addr(), clientAuth)
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d (%s)", resp.StatusCode, resp.Header.Get("X-Proxypool-Reason"))
 	}
-	stripped := []string{"Proxy-Connection", "X-Hop-Secret", "Keep-Alive", "Te", "Upgrade"}
-	// Gateway to upstream: no client credentials, no hop-by-hop header.
-	us := up.Seen()
-	if len(us) != 1 {
-		t.Fatalf("upstream saw %d requests", len(us))
-	}
-	if got := us[0].Header.Get("Proxy-Authorization"); got == clientAuth || got == "" {
-		t.Fatalf("upstream got Proxy-Authorization %q, want its own credentials", got)
-	}
-	for _, name := range stripped {
-		if gwtest.HasHeader(us[0].Header, name) {
-			t.Fatalf("upstream received %s", name)
+	rec := received(t, string(body))
+	for _, name := range []string{"Proxy-Authorization", "Proxy-Connection", "X-Hop-Secret", "Keep-Alive", "Te", "Trailer",
+		"Upgrade", "X-Proxypool-Api-Key", "X-Session", "User-Agent"} {
+		if v, ok := rec.Headers[name]; ok {
+			t.Errorf("target received %s: %q", name, v)
 		}
 	}
-	if c := us[0].Header.Get("Connection"); strings.Contains(strings.ToLower(c), "x-hop") {
-		t.Fatalf("upstream received Connection %q", c)
+	if c := rec.Headers["Connection"]; strings.Contains(strings.ToLower(c), "x-hop") {
+		t.Errorf("target received Connection %q", c)
 	}
-	// And end to end, the target.
-	ts := tg.Seen()
-	for _, name := range append(stripped, "Proxy-Authorization") {
-		if gwtest.HasHeader(ts[0].Header, name) {
-			t.Fatalf("target received %s", name)
-		}
-	}
-	if ts[0].Header.Get("X-End-To-End") != "kept" {
+	if rec.Headers["X-End-To-End"] != "kept" {
 		t.Fatal("end-to-end header lost")
 	}
-	if gwtest.HasHeader(us[0].Header, "User-Agent") {
-		t.Fatalf("gateway added User-Agent %q", us[0].Header.Get("User-Agent"))
-	}
+}
+
+func base64Of(s string) string {
+	return strings.TrimSpace(string(mustBase64(s)))
 }
 
 // connect opens a CONNECT tunnel through the gateway; first is written in
 // the same segment as the CONNECT request (pipelined).
-func connect(t *testing.T, gw, authority, first string) (net.Conn, *bufio.Reader) {
+func connect(t *testing.T, gw, authority, first string, hdr ...string) (net.Conn, *bufio.Reader) {
 	t.Helper()
-	conn, err := net.Dial("tcp", gw)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n%s", authority, authority, first)
-	br := bufio.NewReader(conn)
-	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
-	if err != nil {
-		t.Fatal(err)
-	}
+	conn, br, resp := tryConnect(t, gw, authority, first, hdr...)
 	if resp.StatusCode != 200 {
 		t.Fatalf("CONNECT status %d reason %q", resp.StatusCode, resp.Header.Get("X-Proxypool-Reason"))
 	}
 	return conn, br
 }
 
+func tryConnect(t *testing.T, gw, authority, first string, hdr ...string) (net.Conn, *bufio.Reader, *http.Response) {
+	t.Helper()
+	conn, err := net.Dial("tcp", gw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	extra := ""
+	for i := 0; i+1 < len(hdr); i += 2 {
+		extra += hdr[i] + ": " + hdr[i+1] + "\r\n"
+	}
+	fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n%s\r\n%s", authority, authority, extra, first)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn, br, resp
+}
+
 func TestCONNECTTunnel(t *testing.T) {
 	h := start(t, "")
-	tg := gwtest.NewTarget(t)
-	h.apply(t, snapshotOf(1, threeProxies(t)...))
+	tg := gwtest.Target(t)
+	h.apply(t, snapshotOf(1, gwtest.Upstreams(t, 3, upUser, upPass)...))
 
 	t.Run("http inside the tunnel", func(t *testing.T) {
-		conn, br := connect(t, h.addr, tg.Listener.Addr().String(), "")
+		conn, br := connect(t, h.addr, tg.Addr(), "")
 		fmt.Fprintf(conn, "GET /inside HTTP/1.1\r\nHost: target\r\nConnection: close\r\n\r\n")
 		resp, err := http.ReadResponse(br, nil)
 		if err != nil {
@@ -324,8 +391,8 @@ func TestCONNECTTunnel(t *testing.T) {
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if string(body) != "hello /inside" {
-			t.Fatalf("tunnelled body %q", body)
+		if rec := received(t, string(body)); rec.Path != "/inside" {
+			t.Fatalf("tunnelled request %+v", rec)
 		}
 		if n := h.metric(t, "proxypool_gateway_connect_tunnels_active"); n != 1 {
 			t.Fatalf("tunnels active = %v during the tunnel", n)
@@ -363,114 +430,9 @@ func TestCONNECTTunnel(t *testing.T) {
 	}
 }
 
-// withDead returns a snapshot of one live proxy and one whose port
-// refuses connections.
-func withDead(t *testing.T, version uint64, live *gwtest.UpstreamProxy) (*worker.Snapshot, proxy.ID) {
-	now := time.Now()
-	dead := gwtest.MakeProxy("vendor", "127.0.0.1", gwtest.ClosedPort(t), "", "", now)
-	return gwtest.Snapshot(version, now, live.Proxy("vendor", now), dead), dead.ID
-}
-
-func TestGETRetriedOnSecondProxy(t *testing.T) {
-	h := start(t, "")
-	tg := gwtest.NewTarget(t)
-	ws, deadID := withDead(t, 1, gwtest.NewUpstreamProxy(t, "live", "", ""))
-	h.apply(t, ws)
-	c := h.client("")
-	// The first choice is random; 40 requests hit the dead proxy first
-	// with probability 1-2^-40. Every one must succeed.
-	for range 40 {
-		resp, body := do(t, c, http.MethodGet, tg.URL+"/r", nil)
-		if resp.StatusCode != 200 || body != "hello /r" {
-			t.Fatalf("got %d %q (%s)", resp.StatusCode, body, resp.Header.Get("X-Proxypool-Reason"))
-		}
-	}
-	if r := h.metric(t, "proxypool_gateway_retries_total"); r == 0 {
-		t.Fatal("no request was retried")
-	}
-	h.idle(t)
-	gwtest.Eventually(t, "dial failure reported", func() bool {
-		for _, o := range h.sink.outcomes() {
-			if o.Proxy == deadID && !o.Success && o.Phase == worker.PhaseDial {
-				return true
-			}
-		}
-		return false
-	})
-}
-
-func TestPOSTNeverRetried(t *testing.T) {
-	h := start(t, "")
-	tg := gwtest.NewTarget(t)
-	ws, _ := withDead(t, 1, gwtest.NewUpstreamProxy(t, "live", "", ""))
-	h.apply(t, ws)
-	c := h.client("")
-	var failed, ok int
-	for i := 0; i < 64 && failed == 0; i++ {
-		resp, _ := do(t, c, http.MethodPost, tg.URL+"/p", strings.NewReader("payload"))
-		switch resp.StatusCode {
-		case 200:
-			ok++
-		case 502:
-			failed++
-			if r := resp.Header.Get("X-Proxypool-Reason"); r != "upstream-dial" {
-				t.Fatalf("502 reason %q", r)
-			}
-		default:
-			t.Fatalf("status %d", resp.StatusCode)
-		}
-	}
-	if failed == 0 {
-		t.Fatal("no POST ever chose the dead proxy")
-	}
-	if r := h.metric(t, "proxypool_gateway_retries_total"); r != 0 {
-		t.Fatalf("POST retried %v times", r)
-	}
-	posts := 0
-	for _, s := range tg.Seen() {
-		if s.Method == http.MethodPost && s.Body == "payload" {
-			posts++
-		}
-	}
-	if posts != ok {
-		t.Fatalf("target saw %d POSTs for %d successes", posts, ok)
-	}
-	h.idle(t)
-}
-
-func TestClientAuth(t *testing.T) {
-	h := start(t, authConfig(t))
-	tg := gwtest.NewTarget(t)
-	h.apply(t, snapshotOf(1, gwtest.NewUpstreamProxy(t, "up1", "", "")))
-	tests := []struct {
-		name     string
-		userinfo string
-		status   int
-	}{
-		{"no credentials", "", http.StatusProxyAuthRequired},
-		{"wrong password", "client:nope", http.StatusProxyAuthRequired},
-		{"unknown user", "mallory:client-pass", http.StatusProxyAuthRequired},
-		{"valid", "client:client-pass", http.StatusOK},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			resp, _ := do(t, h.client(tc.userinfo), http.MethodGet, tg.URL+"/a", nil)
-			if resp.StatusCode != tc.status {
-				t.Fatalf("status %d, want %d", resp.StatusCode, tc.status)
-			}
-			if tc.status == http.StatusProxyAuthRequired && resp.Header.Get("Proxy-Authenticate") != `Basic realm="proxypool"` {
-				t.Fatalf("Proxy-Authenticate = %q", resp.Header.Get("Proxy-Authenticate"))
-			}
-		})
-	}
-	if n := len(tg.Seen()); n != 1 {
-		t.Fatalf("target saw %d requests, want only the authenticated one", n)
-	}
-}
-
 func TestRefusals(t *testing.T) {
-	tg := gwtest.NewTarget(t)
-	up := gwtest.NewUpstreamProxy(t, "up1", "", "")
+	tg := gwtest.Target(t)
+	up := gwtest.Upstreams(t, 1, upUser, upPass)[0]
 	tests := []struct {
 		name   string
 		yaml   string
@@ -507,19 +469,9 @@ func TestRefusals(t *testing.T) {
 			}
 			var resp *http.Response
 			if tc.raw == "" {
-				resp, _ = do(t, h.client(""), http.MethodGet, tg.URL+"/x", nil)
+				resp, _ = do(t, h.client(""), http.MethodGet, tg.URL()+"/x", nil)
 			} else {
-				conn, err := net.Dial("tcp", h.addr)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer conn.Close()
-				io.WriteString(conn, tc.raw)
-				resp, err = http.ReadResponse(bufio.NewReader(conn), nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				resp.Body.Close()
+				resp = h.raw(t, tc.raw)
 			}
 			if resp.StatusCode != tc.status || resp.Header.Get("X-Proxypool-Reason") != tc.reason {
 				t.Fatalf("got %d %q, want %d %q", resp.StatusCode, resp.Header.Get("X-Proxypool-Reason"), tc.status, tc.reason)
@@ -530,52 +482,88 @@ func TestRefusals(t *testing.T) {
 			h.idle(t)
 		})
 	}
-	if n := len(tg.Seen()); n != 0 {
+	if n := tg.Count(); n != 0 {
 		t.Fatalf("target saw %d refused requests", n)
+	}
+	if n := up.Requests() + up.Connects(); n != 0 {
+		t.Fatalf("upstream carried %d refused requests", n)
 	}
 }
 
 func TestSnapshotSwap(t *testing.T) {
 	h := start(t, "")
-	tg := gwtest.NewTarget(t)
-	up1 := gwtest.NewUpstreamProxy(t, "up1", "", "")
-	up2 := gwtest.NewUpstreamProxy(t, "up2", "", "")
+	tg := gwtest.Target(t)
+	ups := gwtest.Upstreams(t, 2, upUser, upPass)
 	via := func() string {
-		resp, _ := do(t, h.client(""), http.MethodGet, tg.URL+"/s", nil)
+		resp, body := do(t, h.client(""), http.MethodGet, tg.URL()+"/s", nil)
 		if resp.StatusCode != 200 {
 			t.Fatalf("status %d", resp.StatusCode)
 		}
-		return resp.Header.Get("X-Seen-Upstream-Proxy")
+		return received(t, body).UpstreamProxy
 	}
-	h.apply(t, snapshotOf(1, up1))
-	if v := via(); v != "up1" {
+	h.apply(t, snapshotOf(1, ups[0]))
+	if v := via(); v != ups[0].ID() {
 		t.Fatalf("v1 went via %q", v)
 	}
-	h.apply(t, snapshotOf(2, up2))
+	h.apply(t, snapshotOf(2, ups[1]))
 	for range 3 {
-		if v := via(); v != "up2" {
+		if v := via(); v != ups[1].ID() {
 			t.Fatalf("v2 went via %q", v)
 		}
 	}
 	var ve *gateway.VersionError
-	if err := h.g.Apply(context.Background(), snapshotOf(2, up1)); !errors.As(err, &ve) {
+	if err := h.g.Apply(context.Background(), snapshotOf(2, ups[0])); !errors.As(err, &ve) {
 		t.Fatalf("same version: %v", err)
 	}
-	if err := h.g.Apply(context.Background(), snapshotOf(1, up1)); !errors.As(err, &ve) {
+	if err := h.g.Apply(context.Background(), snapshotOf(1, ups[0])); !errors.As(err, &ve) {
 		t.Fatalf("older version: %v", err)
 	}
-	if v := via(); v != "up2" {
+	if v := via(); v != ups[1].ID() {
 		t.Fatalf("refused snapshot took effect: via %q", v)
 	}
 	if got := h.metric(t, "proxypool_gateway_snapshot_version"); got != 2 {
 		t.Fatalf("snapshot_version = %v", got)
 	}
+	if h.metric(t, "proxypool_gateway_snapshot_apply_duration_seconds") != 2 {
+		t.Fatal("apply duration not observed")
+	}
+	h.idle(t)
+}
+
+// valid_until passing stops new traffic with 503 stale while an open
+// tunnel carries on; a proxy removed while in use reports draining until
+// its tunnel closes.
+func TestStaleAndDrainingWhileTunnelsRun(t *testing.T) {
+	h := start(t, "")
+	tg := gwtest.Target(t)
+	up := gwtest.Upstreams(t, 1, upUser, upPass)[0]
+	h.apply(t, snapshotOf(1, up))
+	echo := gwtest.NewEchoServer(t)
+	conn, br := connect(t, h.addr, echo, "")
+	// v2 drops the proxy and is already past its valid_until.
+	ws := gwtest.Snapshot(2, time.Now())
+	ws.ValidUntil = time.Now().Add(-time.Second)
+	h.apply(t, ws)
+	resp, _ := do(t, h.client(""), http.MethodGet, tg.URL()+"/x", nil)
+	if resp.StatusCode != 503 || resp.Header.Get("X-Proxypool-Reason") != "stale" {
+		t.Fatalf("new request: %d %q, want 503 stale", resp.StatusCode, resp.Header.Get("X-Proxypool-Reason"))
+	}
+	rt := h.g.Runtime()
+	if len(rt) != 1 || rt[0].Active != 1 || !rt[0].Draining {
+		t.Fatalf("runtime = %+v, want the removed proxy draining with 1 active", rt)
+	}
+	io.WriteString(conn, "still-up")
+	buf := make([]byte, len("still-up"))
+	if _, err := io.ReadFull(br, buf); err != nil || string(buf) != "still-up" {
+		t.Fatalf("tunnel after stale: %q %v", buf, err)
+	}
+	conn.Close()
 	h.idle(t)
 }
 
 func TestDrainClosesTunnelsAtDeadline(t *testing.T) {
 	h := start(t, "")
-	h.apply(t, snapshotOf(1, gwtest.NewUpstreamProxy(t, "up1", "", "")))
+	h.apply(t, snapshotOf(1, gwtest.Upstreams(t, 1, upUser, upPass)...))
 	echo := gwtest.NewEchoServer(t)
 	conn, br := connect(t, h.addr, echo, "")
 	io.WriteString(conn, "x")
@@ -602,9 +590,9 @@ func TestDrainClosesTunnelsAtDeadline(t *testing.T) {
 
 func TestUpdateConfig(t *testing.T) {
 	h := start(t, "")
-	tg := gwtest.NewTarget(t)
-	h.apply(t, snapshotOf(1, gwtest.NewUpstreamProxy(t, "up1", "", "")))
-	if resp, _ := do(t, h.client(""), http.MethodGet, tg.URL+"/", nil); resp.StatusCode != 200 {
+	tg := gwtest.Target(t)
+	h.apply(t, snapshotOf(1, gwtest.Upstreams(t, 1, upUser, upPass)...))
+	if resp, _ := do(t, h.client(""), http.MethodGet, tg.URL()+"/", nil); resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
 	cfg, err := config.Parse([]byte(authConfig(t)))
@@ -614,41 +602,21 @@ func TestUpdateConfig(t *testing.T) {
 	if err := h.g.UpdateConfig(cfg); err != nil {
 		t.Fatal(err)
 	}
-	if resp, _ := do(t, h.client(""), http.MethodGet, tg.URL+"/", nil); resp.StatusCode != http.StatusProxyAuthRequired {
+	if resp, _ := do(t, h.client(""), http.MethodGet, tg.URL()+"/", nil); resp.StatusCode != http.StatusProxyAuthRequired {
 		t.Fatalf("after reload: status %d, want 407", resp.StatusCode)
 	}
-	if resp, _ := do(t, h.client("client:client-pass"), http.MethodGet, tg.URL+"/", nil); resp.StatusCode != 200 {
+	if resp, _ := do(t, h.client("client:client-pass"), http.MethodGet, tg.URL()+"/", nil); resp.StatusCode != 200 {
 		t.Fatalf("after reload with credentials: status %d", resp.StatusCode)
 	}
 	// A config the gateway cannot serve is refused and changes nothing.
 	bad := *cfg
-	bad.Gateway.Auth.Mode = "bearer"
+	bad.Gateway.Auth.Mode = "bearer" // no tokens configured
 	if err := h.g.UpdateConfig(&bad); err == nil {
-		t.Fatal("unsupported auth mode accepted")
+		t.Fatal("bearer without tokens accepted")
 	}
-	if resp, _ := do(t, h.client(""), http.MethodGet, tg.URL+"/", nil); resp.StatusCode != http.StatusProxyAuthRequired {
+	if resp, _ := do(t, h.client(""), http.MethodGet, tg.URL()+"/", nil); resp.StatusCode != http.StatusProxyAuthRequired {
 		t.Fatalf("refused reload changed auth: status %d", resp.StatusCode)
 	}
-}
-
-func TestCONNECTRetriedBeforeItsResponse(t *testing.T) {
-	h := start(t, "")
-	echo := gwtest.NewEchoServer(t)
-	ws, _ := withDead(t, 1, gwtest.NewUpstreamProxy(t, "live", "", ""))
-	h.apply(t, ws)
-	for range 40 {
-		conn, br := connect(t, h.addr, echo, "")
-		io.WriteString(conn, "ok")
-		conn.(*net.TCPConn).CloseWrite()
-		if got, err := io.ReadAll(br); err != nil || string(got) != "ok" {
-			t.Fatalf("echo %q %v", got, err)
-		}
-		conn.Close()
-	}
-	if r := h.metric(t, "proxypool_gateway_retries_total"); r == 0 {
-		t.Fatal("no CONNECT was retried")
-	}
-	h.idle(t)
 }
 
 // wildcardAddr pretends a loopback listener is bound to every interface.
@@ -657,21 +625,41 @@ type wildcardAddr struct{ net.Listener }
 func (wildcardAddr) Addr() net.Addr { return &net.TCPAddr{IP: net.IPv4zero, Port: 8080} }
 
 func TestStrictModeRefusesOpenListener(t *testing.T) {
-	cfg, err := config.Parse([]byte(baseConfig))
-	if err != nil {
-		t.Fatal(err)
+	tests := []struct {
+		name   string
+		yaml   string
+		refuse bool
+	}{
+		{"auth none, no allowCIDRs", baseConfig, true},
+		{"allowCIDRs set", baseConfig + "  access:\n    allowCIDRs: [10.0.0.0/8]\n", false},
 	}
-	g, err := gateway.New(gateway.Options{Config: cfg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer g.Close()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	if err := g.Serve(context.Background(), wildcardAddr{ln}); err == nil || !strings.Contains(err.Error(), "strict mode") {
-		t.Fatalf("serve on an open listener: %v", err)
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := config.Parse([]byte(tc.yaml))
+			if err != nil {
+				t.Fatal(err)
+			}
+			g, err := gateway.New(gateway.Options{Config: cfg})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer g.Close()
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			go func() { done <- g.Serve(ctx, wildcardAddr{ln}) }()
+			if !tc.refuse {
+				cancel()
+			}
+			err = <-done
+			cancel()
+			if refused := err != nil && strings.Contains(err.Error(), "strict mode"); refused != tc.refuse {
+				t.Fatalf("serve on an open listener: %v, want refused=%v", err, tc.refuse)
+			}
+		})
 	}
 }

@@ -29,6 +29,11 @@ type Snapshot struct {
 	// Proxies owned by this worker. Only AVAILABLE ones are allocatable;
 	// UsableUntil is the last allocatable instant.
 	Proxies []proxy.Proxy
+	// RoutingExclusions lists, per routing name, proxies of Proxies that
+	// routing must not allocate: its TARGET check failed through them
+	// (seed 000 §13, a target-level failure affects only that routing).
+	// Every other routing may still use them. nil means none.
+	RoutingExclusions map[string][]proxy.ID
 }
 
 // Applier accepts a new snapshot; the gateway implements it.

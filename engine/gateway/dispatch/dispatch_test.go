@@ -224,7 +224,7 @@ func TestStaleRefusal(t *testing.T) {
 			if got := errors.Is(err, dispatch.ErrStale); got != tc.stale {
 				t.Fatalf("err = %v, want stale %v", err, tc.stale)
 			}
-			if a != nil {
+			if a.Valid() {
 				e.d.Release(a, worker.Outcome{})
 			}
 			if tc.stale && gwtest.Metric(t, e.prom, "proxypool_gateway_dispatch_failures_total", "reason", "stale") != 1 {
@@ -284,7 +284,7 @@ func TestAllocationLifecycle(t *testing.T) {
 		before := gwtest.Metric(t, e.prom, "proxypool_gateway_release_errors_total")
 		e.d.Release(a, worker.Outcome{})
 		e.d.Release(a, worker.Outcome{})
-		e.d.Release(nil, worker.Outcome{})
+		e.d.Release(dispatch.Allocation{}, worker.Outcome{})
 		if got := gwtest.Metric(t, e.prom, "proxypool_gateway_release_errors_total") - before; got != 2 {
 			t.Fatalf("release errors = %v, want 2", got)
 		}

@@ -13,7 +13,7 @@ var ErrStale = errors.New("dispatching request: snapshot stale")
 var ErrNoCandidate = errors.New("dispatching request: no candidate proxy")
 
 // ErrAllocationState: Commit on an allocation that is not reserved
-// (committed twice, or already released).
+// (committed twice, already released, or a stale handle).
 var ErrAllocationState = errors.New("committing allocation: not in reserved state")
 
 // Reason says why a rule had no candidate.
@@ -33,16 +33,19 @@ const (
 	ReasonExpired
 	// ReasonBusy: every usable proxy is at its concurrency limit.
 	ReasonBusy
+	// ReasonRoutingLimit: the routing holds its maxInFlight requests.
+	ReasonRoutingLimit
 	numReasons
 )
 
 var reasonNames = [numReasons]string{
-	ReasonEmpty:     "empty",
-	ReasonExhausted: "exhausted",
-	ReasonDisabled:  "disabled",
-	ReasonExcluded:  "excluded",
-	ReasonExpired:   "expired",
-	ReasonBusy:      "busy",
+	ReasonEmpty:        "empty",
+	ReasonExhausted:    "exhausted",
+	ReasonDisabled:     "disabled",
+	ReasonExcluded:     "excluded",
+	ReasonExpired:      "expired",
+	ReasonBusy:         "busy",
+	ReasonRoutingLimit: "routing_limit",
 }
 
 func (r Reason) String() string {

@@ -77,7 +77,7 @@ func TestConcurrentAcquireCommitRelease(t *testing.T) {
 			// Each worker holds up to two allocations at a time, so 64
 			// workers want far more slots than the 12 that exist and
 			// reservations keep racing for the last one.
-			var held []*dispatch.Allocation
+			var held []dispatch.Allocation
 			for i := range perW {
 				req := dispatch.Request{Host: "h" + strconv.Itoa(w%3)}
 				a, err := e.d.Acquire(ctx, &req)

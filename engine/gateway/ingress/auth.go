@@ -1,129 +1,76 @@
 package ingress
 
 import (
-	"crypto/sha256"
-	"crypto/subtle"
 	"encoding/base64"
-	"errors"
-	"fmt"
 	"net/http"
-	"sort"
+	"net/netip"
 	"strings"
-	"sync"
 
-	"github.com/proxypool/proxypool/engine/config"
+	"github.com/proxypool/proxypool/engine/adapters/http/auth"
 )
 
-// Principal is an authenticated client. Name feeds routing's client match;
-// it is empty for anonymous clients.
-type Principal struct {
+// APIKeyHeader carries an API key for auth modes apiKey and any. It is the
+// gateway's own header, always removed before forwarding, so a target's
+// own X-Api-Key passes through untouched.
+const APIKeyHeader = "X-Proxypool-Api-Key"
+
+// SessionMarker separates the user from the sticky session id in a
+// Proxy-Authorization username: "alice-session-42" authenticates as
+// "alice" and asks for session "42" (seed 001 §4.1).
+const SessionMarker = "-session-"
+
+// Client is who a request comes from, after access, forwarding and auth.
+type Client struct {
+	// IP is the client address (X-Forwarded-For resolved through
+	// trustedProxies).
+	IP netip.Addr
+	// Name is the authenticated principal ("anonymous" for mode none);
+	// routing's client match and sticky sessions key on it.
 	Name string
+	// Anonymous: mode none accepted the client; per-client limits then
+	// key on IP instead of Name.
+	Anonymous bool
+	// Session is the username-convention session id, "" when none.
+	Session string
 }
 
-// Authenticator decides who a request comes from. It returns
-// ErrAuthRequired (possibly wrapped) when the client must authenticate.
-type Authenticator interface {
-	Authenticate(r *http.Request) (Principal, error)
-}
-
-// ErrAuthRequired: missing or wrong credentials; the client gets 407.
-var ErrAuthRequired = errors.New("authenticating client: proxy authentication required")
-
-// AuthFactory builds an Authenticator from the gateway's auth section.
-type AuthFactory func(a *config.Auth) (Authenticator, error)
-
-var (
-	authMu        sync.RWMutex
-	authFactories = map[string]AuthFactory{}
-)
-
-// RegisterAuth makes an auth mode available by name. It is meant for
-// init(); a duplicate name panics.
-func RegisterAuth(mode string, f AuthFactory) {
-	authMu.Lock()
-	defer authMu.Unlock()
-	if _, dup := authFactories[mode]; dup {
-		panic("ingress: auth mode registered twice: " + mode)
-	}
-	authFactories[mode] = f
-}
-
-// AuthModes lists the registered modes, sorted.
-func AuthModes() []string {
-	authMu.RLock()
-	defer authMu.RUnlock()
-	out := make([]string, 0, len(authFactories))
-	for m := range authFactories {
-		out = append(out, m)
-	}
-	sort.Strings(out)
-	return out
-}
-
-// NewAuthenticator builds the authenticator of a.Mode.
-func NewAuthenticator(a *config.Auth) (Authenticator, error) {
-	mode := a.Mode
-	if mode == "" {
-		mode = "none"
-	}
-	authMu.RLock()
-	f := authFactories[mode]
-	authMu.RUnlock()
-	if f == nil {
-		return nil, fmt.Errorf("building gateway auth: mode %q is not supported by the gateway (have %s)", mode, strings.Join(AuthModes(), ", "))
-	}
-	return f(a)
-}
-
-func init() {
-	RegisterAuth("none", func(*config.Auth) (Authenticator, error) { return noAuth{}, nil })
-	RegisterAuth("usernamePassword", newUserPassAuth)
-}
-
-type noAuth struct{}
-
-func (noAuth) Authenticate(*http.Request) (Principal, error) { return Principal{}, nil }
-
-// userPassAuth checks Basic credentials in Proxy-Authorization. Passwords
-// are kept as SHA-256 digests and compared in constant time, so neither
-// the comparison nor a heap dump gives them away cheaply.
-type userPassAuth struct {
-	users map[string][sha256.Size]byte
-}
-
-func newUserPassAuth(a *config.Auth) (Authenticator, error) {
-	if len(a.Users) == 0 {
-		return nil, errors.New("building gateway auth: usernamePassword needs at least one user")
-	}
-	u := &userPassAuth{users: make(map[string][sha256.Size]byte, len(a.Users))}
-	for i := range a.Users {
-		name := a.Users[i].Username
-		if name == "" || strings.ContainsRune(name, ':') {
-			return nil, fmt.Errorf("building gateway auth: user %d: invalid username", i)
+// credentials extracts what the client presented for the gateway:
+//
+//   - Proxy-Authorization: Basic user:pass — username/password; the
+//     password also stands as the API key and bearer token, so clients
+//     that can only put credentials in a proxy URL can use any mode; a
+//     username "USER-session-ID" authenticates as USER with session ID;
+//   - Proxy-Authorization: Bearer TOKEN — a bearer token;
+//   - X-Proxypool-Api-Key: KEY — an API key.
+func credentials(r *http.Request, ip netip.Addr) (auth.Credentials, string) {
+	c := auth.Credentials{RemoteIP: ip}
+	var session string
+	h := r.Header.Get("Proxy-Authorization")
+	if user, pass, ok := ParseBasic(h); ok {
+		if i := strings.LastIndex(user, SessionMarker); i > 0 && i+len(SessionMarker) < len(user) {
+			user, session = user[:i], user[i+len(SessionMarker):]
 		}
-		u.users[name] = sha256.Sum256([]byte(a.Users[i].Password.Value()))
+		c.Username, c.Password, c.HasBasic = user, pass, true
+		c.APIKey, c.Bearer = pass, pass
+	} else if tok, ok := parseBearer(h); ok {
+		c.Bearer = tok
 	}
-	return u, nil
+	if k := r.Header.Get(APIKeyHeader); k != "" {
+		c.APIKey = k
+	}
+	return c, session
 }
 
-// dummyDigest keeps the work done for an unknown user the same as for a
-// known one.
-var dummyDigest = sha256.Sum256([]byte("proxypool: no such user"))
-
-func (u *userPassAuth) Authenticate(r *http.Request) (Principal, error) {
-	user, pass, ok := ParseBasic(r.Header.Get("Proxy-Authorization"))
-	if !ok {
-		return Principal{}, ErrAuthRequired
+// challenge is the Proxy-Authenticate value for a refused client of an
+// authenticator accepting schemes.
+func challenge(schemes []auth.Scheme) string {
+	v := `Basic realm="proxypool"`
+	for _, s := range schemes {
+		if s == auth.SchemeBearer {
+			v += `, Bearer realm="proxypool"`
+		}
 	}
-	want, known := u.users[user]
-	if !known {
-		want = dummyDigest
-	}
-	got := sha256.Sum256([]byte(pass))
-	if subtle.ConstantTimeCompare(got[:], want[:]) != 1 || !known {
-		return Principal{}, ErrAuthRequired
-	}
-	return Principal{Name: user}, nil
+	return v
 }
 
 // maxBasicLen bounds the credentials we decode (the header size is bounded
@@ -148,5 +95,11 @@ func ParseBasic(h string) (user, pass string, ok bool) {
 	return user, pass, true
 }
 
-var _ Authenticator = noAuth{}
-var _ Authenticator = (*userPassAuth)(nil)
+func parseBearer(h string) (string, bool) {
+	const prefix = "bearer "
+	if len(h) <= len(prefix) || len(h) > maxBasicLen || !strings.EqualFold(h[:len(prefix)], prefix) {
+		return "", false
+	}
+	tok := strings.TrimSpace(h[len(prefix):])
+	return tok, tok != ""
+}

@@ -3,9 +3,12 @@ package ingress
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -13,8 +16,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/proxypool/proxypool/engine/adapters/http/auth"
 	"github.com/proxypool/proxypool/engine/config"
+	"github.com/proxypool/proxypool/engine/domain/routing"
 	"github.com/proxypool/proxypool/engine/domain/worker"
+	"github.com/proxypool/proxypool/engine/gateway/destguard"
 	"github.com/proxypool/proxypool/engine/gateway/dispatch"
 	"github.com/proxypool/proxypool/engine/gateway/snapshot"
 	"github.com/proxypool/proxypool/engine/gateway/transport"
@@ -28,48 +34,70 @@ const MaxAttempts = 2
 // itself, so a client can tell the gateway's refusal from a target's.
 const ReasonHeader = "X-Proxypool-Reason"
 
-// Dispatcher is the allocation contract of seed 000 §7.1.
+// Dispatcher is the allocation contract of seed 000 §7.1. A refused
+// Acquire returns an invalid Allocation whose Rule is the matched rule (nil
+// when none matched), so onUnavailable can be honoured.
 type Dispatcher interface {
-	Acquire(ctx context.Context, req *dispatch.Request) (*dispatch.Allocation, error)
-	Commit(a *dispatch.Allocation) error
-	Release(a *dispatch.Allocation, o worker.Outcome)
+	Acquire(ctx context.Context, req *dispatch.Request) (dispatch.Allocation, error)
+	Commit(a dispatch.Allocation) error
+	Release(a dispatch.Allocation, o worker.Outcome)
 }
 
-// Forwarder carries requests and tunnels through an upstream proxy.
+// Forwarder carries requests and tunnels through an upstream proxy, or
+// directly to checked destination addresses.
 type Forwarder interface {
 	RoundTrip(req *http.Request, target *snapshot.Target) (*http.Response, error)
 	Connect(ctx context.Context, target *snapshot.Target, authority string) (*transport.Tunnel, error)
+	DirectRoundTrip(req *http.Request, addrs []netip.AddrPort) (*http.Response, error)
+	DirectConnect(ctx context.Context, addrs []netip.AddrPort) (net.Conn, error)
 }
 
 // Policy is the reloadable part of the handler: who may connect, who they
-// are, where they may go. It is immutable once built; reload swaps it.
+// are, where they may go, how fast. It is immutable once built; reload
+// swaps it.
 type Policy struct {
-	Auth           Authenticator
-	Access         *AccessList
-	Destinations   DestinationPolicy
+	Auth      auth.Authenticator
+	challenge string
+	// Allow is access.allowCIDRs (empty admits every address); Trusted is
+	// gateway.trustedProxies, the only peers whose X-Forwarded-For counts.
+	Allow, Trusted []netip.Prefix
+	Guard          *destguard.Guard
 	MaxHeaderCount int
+	rates          *clientRates
 }
 
 // NewPolicy builds the policy of cfg's gateway and security sections.
 // resolver nil means net.DefaultResolver.
-func NewPolicy(cfg *config.Config, resolver Resolver) (*Policy, error) {
-	auth, err := NewAuthenticator(&cfg.Gateway.Auth)
-	if err != nil {
-		return nil, err
+func NewPolicy(cfg *config.Config, resolver destguard.Resolver) (*Policy, error) {
+	gw := &cfg.Gateway
+	a := gw.Auth
+	if a.Mode == "" {
+		a.Mode = auth.ModeNone
 	}
-	acc, err := NewAccessList(cfg.Gateway.Access.AllowCIDRs)
+	au, err := auth.New(a)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("building gateway policy: %w", err)
 	}
-	dst, err := NewDestinationPolicy(&cfg.Security, resolver)
+	allow, err := auth.ParsePrefixes(gw.Access.AllowCIDRs)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("building gateway policy: access.allowCIDRs: %w", err)
 	}
-	n := cfg.Gateway.Limits.MaxHeaderCount
+	trusted, err := auth.ParsePrefixes(gw.TrustedProxies)
+	if err != nil {
+		return nil, fmt.Errorf("building gateway policy: trustedProxies: %w", err)
+	}
+	guard, err := destguard.FromConfig(&cfg.Security, resolver)
+	if err != nil {
+		return nil, fmt.Errorf("building gateway policy: %w", err)
+	}
+	n := gw.Limits.MaxHeaderCount
 	if n <= 0 {
 		n = config.DefaultMaxHeaderCount
 	}
-	return &Policy{Auth: auth, Access: acc, Destinations: dst, MaxHeaderCount: n}, nil
+	return &Policy{
+		Auth: au, challenge: challenge(au.Schemes()), Allow: allow, Trusted: trusted, Guard: guard,
+		MaxHeaderCount: n, rates: newClientRates(gw.Limits.RequestsPerSecond),
+	}, nil
 }
 
 // Options build a Handler.
@@ -79,6 +107,8 @@ type Options struct {
 	Policy     *Policy
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
+	// Now is the clock for rate limits; nil means time.Now.
+	Now func() time.Time
 }
 
 // Handler is the gateway's http.Handler.
@@ -87,8 +117,12 @@ type Handler struct {
 	f       Forwarder
 	policy  atomic.Pointer[Policy]
 	log     *slog.Logger
+	now     func() time.Time
 	m       *metrics
 	tunnels tunnelSet
+
+	selfMu sync.Mutex
+	self   []netip.AddrPort
 }
 
 // NewHandler returns a Handler; Dispatcher, Forwarder and Policy are
@@ -97,20 +131,45 @@ func NewHandler(o Options) (*Handler, error) {
 	if o.Dispatcher == nil || o.Forwarder == nil || o.Policy == nil {
 		return nil, errors.New("building gateway handler: dispatcher, forwarder and policy are required")
 	}
-	h := &Handler{d: o.Dispatcher, f: o.Forwarder, log: o.Logger, m: newMetrics(o.Registerer)}
+	h := &Handler{d: o.Dispatcher, f: o.Forwarder, log: o.Logger, now: o.Now, m: newMetrics(o.Registerer)}
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
+	}
+	if h.now == nil {
+		h.now = time.Now
 	}
 	h.policy.Store(o.Policy)
 	h.tunnels.init()
 	return h, nil
 }
 
-// SetPolicy swaps the policy for requests that start from now on.
-func (h *Handler) SetPolicy(p *Policy) { h.policy.Store(p) }
+// SetPolicy swaps the policy for requests that start from now on; the
+// gateway's own listener addresses carry over to the new guard.
+func (h *Handler) SetPolicy(p *Policy) {
+	h.selfMu.Lock()
+	defer h.selfMu.Unlock()
+	p.Guard.SetSelf(h.self)
+	h.policy.Store(p)
+}
 
-// Refused counts a connection the listener refused for overload.
-func (h *Handler) Refused() { h.m.rejections[ReasonOverload].Inc() }
+// AddSelf records listener addresses the gateway serves on: requests to
+// them are refused (self-connection). A wildcard address stands for every
+// local address on its port.
+func (h *Handler) AddSelf(addrs ...netip.AddrPort) {
+	h.selfMu.Lock()
+	defer h.selfMu.Unlock()
+	h.self = append(h.self, destguard.ExpandSelf(addrs)...)
+	h.policy.Load().Guard.SetSelf(h.self)
+}
+
+// Accepted implements ListenerEvents.
+func (h *Handler) Accepted() { h.m.connsAccepted.Inc(); h.m.connsActive.Inc() }
+
+// Closed implements ListenerEvents.
+func (h *Handler) Closed() { h.m.connsActive.Dec() }
+
+// Refused implements ListenerEvents.
+func (h *Handler) Refused(reason string) { h.m.rejections[reason].Inc() }
 
 // ServeHTTP serves one proxy request or CONNECT.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -127,25 +186,44 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request) (result, bool) {
+	if lc, ok := r.Context().Value(connKey{}).(*limitConn); ok && lc.fr.nextRequest() {
+		w.Header().Set("Connection", "close")
+		return h.reject(w, http.StatusBadRequest, ReasonBadFraming), false
+	}
 	p := h.policy.Load()
-	if !p.Access.Allowed(r.RemoteAddr) {
+	var peer netip.Addr
+	if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
+		peer = ap.Addr()
+	}
+	ip := auth.ClientIP(peer, r.Header["X-Forwarded-For"], p.Trusted)
+	if len(p.Allow) > 0 && !auth.Contains(p.Allow, ip) {
 		return h.reject(w, http.StatusForbidden, ReasonAccessDenied), false
 	}
 	if len(r.Header) > p.MaxHeaderCount {
 		return h.reject(w, http.StatusRequestHeaderFieldsTooLarge, ReasonTooManyHeaders), false
 	}
-	who, err := p.Auth.Authenticate(r)
-	if err != nil {
-		if !errors.Is(err, ErrAuthRequired) {
-			h.log.Warn("authenticating client", "err", err)
+	creds, session := credentials(r, ip)
+	who, ok := p.Auth.Authenticate(creds)
+	if !ok {
+		if len(p.Auth.Schemes()) == 0 {
+			// No credential could help (ipWhitelist).
+			return h.reject(w, http.StatusForbidden, ReasonAccessDenied), false
 		}
-		w.Header().Set("Proxy-Authenticate", `Basic realm="proxypool"`)
+		w.Header().Set("Proxy-Authenticate", p.challenge)
 		return h.reject(w, http.StatusProxyAuthRequired, ReasonAuthRequired), false
 	}
-	if r.Method == http.MethodConnect {
-		return h.serveConnect(w, r, p, who), false
+	c := Client{IP: ip, Name: who.Name, Anonymous: who.Method == auth.ModeNone, Session: session}
+	key := rateKey{name: c.Name}
+	if c.Anonymous {
+		key = rateKey{ip: ip}
 	}
-	return h.serveForward(w, r, p, who)
+	if !p.rates.allow(key, h.now()) {
+		return h.reject(w, http.StatusTooManyRequests, ReasonRateLimited), false
+	}
+	if r.Method == http.MethodConnect {
+		return h.serveConnect(w, r, p, &c), false
+	}
+	return h.serveForward(w, r, p, &c)
 }
 
 // reject answers with a gateway-made error and counts the reason.
@@ -170,36 +248,48 @@ func writeError(w http.ResponseWriter, status int, reason string) {
 // refuse answers a dispatch refusal: 503 with the reason.
 func (h *Handler) refuse(w http.ResponseWriter, err error) result {
 	reason := ReasonNoProxy
+	var nc *dispatch.NoCandidateError
 	switch {
 	case errors.Is(err, dispatch.ErrStale):
 		reason = ReasonStale
 	case errors.Is(err, dispatch.ErrNoRoute):
 		reason = ReasonNoRoute
+	case errors.As(err, &nc) && nc.Reason == dispatch.ReasonRoutingLimit:
+		reason = ReasonRoutingLimit
 	}
 	return h.reject(w, http.StatusServiceUnavailable, reason)
 }
 
+// goDirect reports whether a refused Acquire should fall back to dialling
+// the destination directly: the rule says so and the refusal was for lack
+// of a proxy (never for a stale snapshot or a missing route).
+func goDirect(a dispatch.Allocation, err error) bool {
+	return a.Rule != nil && a.Rule.OnUnavailable == routing.Direct && errors.Is(err, dispatch.ErrNoCandidate)
+}
+
 // upstreamFailed answers 502 after the last attempt failed.
-func (h *Handler) upstreamFailed(w http.ResponseWriter, err error) result {
-	reason := "upstream-" + strings.ReplaceAll(transport.PhaseOf(err).String(), "_", "-")
+func (h *Handler) upstreamFailed(w http.ResponseWriter, prefix string, err error) result {
+	reason := prefix + strings.ReplaceAll(transport.PhaseOf(err).String(), "_", "-")
 	writeError(w, http.StatusBadGateway, reason)
 	return resultUpstreamError
 }
 
-// checkDestination applies the destination policy; false means answered.
-func (h *Handler) checkDestination(ctx context.Context, w http.ResponseWriter, p *Policy, host string) (result, bool) {
-	err := p.Destinations.Allow(ctx, host)
+// checkDestination applies the destination guard; false means answered.
+// On success it returns the checked addresses (for a direct dial).
+func (h *Handler) checkDestination(ctx context.Context, w http.ResponseWriter, p *Policy, host string, port uint16) ([]netip.AddrPort, result, bool) {
+	addrs, err := p.Guard.Resolve(ctx, host, port)
 	switch {
 	case err == nil:
-		return resultOK, true
-	case IsDenied(err):
-		return h.reject(w, http.StatusForbidden, ReasonDeniedDestination), false
+		return addrs, resultOK, true
+	case destguard.IsDenied(err):
+		h.log.Debug("destination denied", "err", err)
+		return nil, h.reject(w, http.StatusForbidden, ReasonDeniedDestination), false
 	case ctx.Err() != nil:
-		return resultCanceled, false
+		return nil, resultCanceled, false
 	}
 	h.log.Debug("destination check failed", "err", err)
 	writeError(w, http.StatusBadGateway, "destination-unresolved")
-	return resultUpstreamError, false
+	return nil, resultUpstreamError, false
 }
 
 func retryable(r *http.Request) bool {
@@ -208,13 +298,14 @@ func retryable(r *http.Request) bool {
 
 // serveForward forwards an absolute-form request. The bool asks ServeHTTP
 // to abort the response.
-func (h *Handler) serveForward(w http.ResponseWriter, r *http.Request, p *Policy, who Principal) (result, bool) {
+func (h *Handler) serveForward(w http.ResponseWriter, r *http.Request, p *Policy, c *Client) (result, bool) {
 	host, port, err := forwardTarget(r)
 	if err != nil {
 		return h.reject(w, http.StatusBadRequest, ReasonBadTarget), false
 	}
 	ctx := r.Context()
-	if res, ok := h.checkDestination(ctx, w, p, host); !ok {
+	addrs, res, ok := h.checkDestination(ctx, w, p, host, port)
+	if !ok {
 		return res, false
 	}
 	out := h.outbound(r, host, port)
@@ -222,32 +313,45 @@ func (h *Handler) serveForward(w http.ResponseWriter, r *http.Request, p *Policy
 	if retryable(r) {
 		attempts = MaxAttempts
 	}
-	req := dispatch.Request{Host: host, Port: port, Client: who.Name}
+	req := dispatch.Request{Host: host, Port: port, Client: c.Name, Header: r.Header, UserSession: c.Session}
 	var lastErr error
 	for try := 0; ; try++ {
 		a, err := h.d.Acquire(ctx, &req)
 		if err != nil {
-			if lastErr != nil {
-				return h.upstreamFailed(w, lastErr), false
+			switch {
+			case lastErr != nil:
+				return h.upstreamFailed(w, "upstream-", lastErr), false
+			case goDirect(a, err):
+				if a.Rule.StickyHeader != "" {
+					delete(out.Header, a.Rule.StickyHeader)
+				}
+				return h.forwardDirect(w, r, out, addrs)
 			}
 			return h.refuse(w, err), false
 		}
+		if a.Rule.StickyHeader != "" {
+			delete(out.Header, a.Rule.StickyHeader)
+		}
 		id, limit := a.Target.ID, min(attempts, a.Rule.MaxAttempts)
+		start := time.Now()
 		resp, err := h.f.RoundTrip(out, a.Target)
 		if err != nil {
 			if ctx.Err() != nil {
 				h.d.Release(a, worker.Outcome{})
 				return resultCanceled, false
 			}
-			h.d.Release(a, worker.Outcome{Phase: transport.PhaseOf(err)})
+			phase := transport.PhaseOf(err)
+			h.m.upstreamFailures[phase].Inc()
+			h.d.Release(a, worker.Outcome{Phase: phase})
 			h.log.Debug("upstream request failed", "proxy", id, "attempt", try+1, "err", err)
 			lastErr = err
 			if try+1 < limit && req.AddExclude(id) {
 				h.m.retries.Inc()
 				continue
 			}
-			return h.upstreamFailed(w, err), false
+			return h.upstreamFailed(w, "upstream-", err), false
 		}
+		h.m.upstreamConnect.Observe(time.Since(start).Seconds())
 		if err := h.d.Commit(a); err != nil {
 			// Cannot happen with a fresh allocation; fail closed.
 			_ = resp.Body.Close()
@@ -257,13 +361,32 @@ func (h *Handler) serveForward(w http.ResponseWriter, r *http.Request, p *Policy
 			return resultUpstreamError, false
 		}
 		res, outcome, abort := h.stream(w, r, resp)
+		if outcome.Phase != worker.PhaseNone {
+			h.m.upstreamFailures[outcome.Phase].Inc()
+		}
 		h.d.Release(a, outcome)
 		return res, abort
 	}
 }
 
+// forwardDirect serves a request of an onUnavailable "direct" rule without
+// a proxy, dialling only the guard's checked addresses.
+func (h *Handler) forwardDirect(w http.ResponseWriter, r *http.Request, out *http.Request, addrs []netip.AddrPort) (result, bool) {
+	h.m.direct.Inc()
+	resp, err := h.f.DirectRoundTrip(out, addrs)
+	if err != nil {
+		if r.Context().Err() != nil {
+			return resultCanceled, false
+		}
+		h.log.Debug("direct request failed", "err", err)
+		return h.upstreamFailed(w, "direct-", err), false
+	}
+	res, _, abort := h.stream(w, r, resp)
+	return res, abort
+}
+
 // outbound is the request sent to the upstream proxy: absolute-form to the
-// normalised destination, hop-by-hop and proxy headers removed.
+// normalised destination, hop-by-hop, proxy and gateway headers removed.
 func (h *Handler) outbound(r *http.Request, host string, port uint16) *http.Request {
 	u := *r.URL
 	u.Host = joinAuthority(host, port)
@@ -306,7 +429,10 @@ func (c *countingReader) Read(p []byte) (int, error) {
 
 func (c *countingReader) Close() error { return c.r.Close() }
 
-var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+// StreamBufferSize is the copy buffer of one streamed response (pooled).
+const StreamBufferSize = 32 << 10
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, StreamBufferSize); return &b }}
 
 // stream writes the upstream response to the client. Only an upstream
 // read error is the proxy's failure; a client that stops reading is not.
@@ -354,13 +480,14 @@ func (h *Handler) stream(w http.ResponseWriter, r *http.Request, resp *http.Resp
 }
 
 // serveConnect opens a tunnel through an upstream proxy.
-func (h *Handler) serveConnect(w http.ResponseWriter, r *http.Request, p *Policy, who Principal) result {
+func (h *Handler) serveConnect(w http.ResponseWriter, r *http.Request, p *Policy, c *Client) result {
 	host, port, err := connectTarget(r)
 	if err != nil {
 		return h.reject(w, http.StatusBadRequest, ReasonBadTarget)
 	}
 	ctx := r.Context()
-	if res, ok := h.checkDestination(ctx, w, p, host); !ok {
+	addrs, res, ok := h.checkDestination(ctx, w, p, host, port)
+	if !ok {
 		return res
 	}
 	hj, ok := w.(http.Hijacker)
@@ -369,32 +496,39 @@ func (h *Handler) serveConnect(w http.ResponseWriter, r *http.Request, p *Policy
 		return resultBadRequest
 	}
 	authority := joinAuthority(host, port)
-	req := dispatch.Request{Host: host, Port: port, Client: who.Name}
+	req := dispatch.Request{Host: host, Port: port, Client: c.Name, Header: r.Header, UserSession: c.Session}
 	var lastErr error
 	for try := 0; ; try++ {
 		a, err := h.d.Acquire(ctx, &req)
 		if err != nil {
-			if lastErr != nil {
-				return h.upstreamFailed(w, lastErr)
+			switch {
+			case lastErr != nil:
+				return h.upstreamFailed(w, "upstream-", lastErr)
+			case goDirect(a, err):
+				return h.connectDirect(w, hj, ctx, addrs)
 			}
 			return h.refuse(w, err)
 		}
 		id, limit := a.Target.ID, min(MaxAttempts, a.Rule.MaxAttempts)
+		start := time.Now()
 		tun, err := h.f.Connect(ctx, a.Target, authority)
 		if err != nil {
 			if ctx.Err() != nil {
 				h.d.Release(a, worker.Outcome{})
 				return resultCanceled
 			}
-			h.d.Release(a, worker.Outcome{Phase: transport.PhaseOf(err)})
+			phase := transport.PhaseOf(err)
+			h.m.upstreamFailures[phase].Inc()
+			h.d.Release(a, worker.Outcome{Phase: phase})
 			h.log.Debug("upstream CONNECT failed", "proxy", id, "attempt", try+1, "err", err)
 			lastErr = err
 			if try+1 < limit && req.AddExclude(id) {
 				h.m.retries.Inc()
 				continue
 			}
-			return h.upstreamFailed(w, err)
+			return h.upstreamFailed(w, "upstream-", err)
 		}
+		h.m.upstreamConnect.Observe(time.Since(start).Seconds())
 		if err := h.d.Commit(a); err != nil {
 			_ = tun.Conn.Close()
 			h.d.Release(a, worker.Outcome{})
@@ -402,20 +536,39 @@ func (h *Handler) serveConnect(w http.ResponseWriter, r *http.Request, p *Policy
 			writeError(w, http.StatusInternalServerError, "internal")
 			return resultUpstreamError
 		}
-		return h.tunnel(hj, a, tun)
+		return h.tunnel(hj, tun, func(o worker.Outcome) {
+			if o.Phase != worker.PhaseNone {
+				h.m.upstreamFailures[o.Phase].Inc()
+			}
+			h.d.Release(a, o)
+		})
 	}
+}
+
+// connectDirect opens a tunnel straight to the guard's checked addresses.
+func (h *Handler) connectDirect(w http.ResponseWriter, hj http.Hijacker, ctx context.Context, addrs []netip.AddrPort) result {
+	h.m.direct.Inc()
+	conn, err := h.f.DirectConnect(ctx, addrs)
+	if err != nil {
+		if ctx.Err() != nil {
+			return resultCanceled
+		}
+		return h.upstreamFailed(w, "direct-", err)
+	}
+	return h.tunnel(hj, &transport.Tunnel{Conn: conn}, func(worker.Outcome) {})
 }
 
 var established = []byte("HTTP/1.1 200 Connection established\r\n\r\n")
 
-// tunnel answers 200 and carries bytes both ways until both sides closed.
-// From the 200 on nothing is retried (seed 000 §7.2).
-func (h *Handler) tunnel(hj http.Hijacker, a *dispatch.Allocation, tun *transport.Tunnel) result {
+// tunnel answers 200 and carries bytes both ways until both sides closed;
+// release is called exactly once with the outcome. From the 200 on nothing
+// is retried (seed 000 §7.2).
+func (h *Handler) tunnel(hj http.Hijacker, tun *transport.Tunnel, release func(worker.Outcome)) result {
 	upstream := tun.Conn
 	defer upstream.Close()
 	client, rw, err := hj.Hijack()
 	if err != nil {
-		h.d.Release(a, worker.Outcome{})
+		release(worker.Outcome{})
 		return resultCanceled
 	}
 	defer client.Close()
@@ -423,12 +576,12 @@ func (h *Handler) tunnel(hj http.Hijacker, a *dispatch.Allocation, tun *transpor
 	// The server's header and idle deadlines do not apply to a tunnel.
 	_ = raw.SetDeadline(time.Time{})
 	if _, err := raw.Write(established); err != nil {
-		h.d.Release(a, worker.Outcome{Success: true})
+		release(worker.Outcome{Success: true})
 		return resultCanceled
 	}
 	if len(tun.Buffered) > 0 {
 		if _, err := raw.Write(tun.Buffered); err != nil {
-			h.d.Release(a, worker.Outcome{Success: true})
+			release(worker.Outcome{Success: true})
 			return resultCanceled
 		}
 		h.m.bytesDown.Add(float64(len(tun.Buffered)))
@@ -437,7 +590,7 @@ func (h *Handler) tunnel(hj http.Hijacker, a *dispatch.Allocation, tun *transpor
 		// Bytes the client pipelined behind its CONNECT (a TLS hello).
 		b, _ := rw.Reader.Peek(n)
 		if _, err := upstream.Write(b); err != nil {
-			h.d.Release(a, worker.Outcome{Phase: worker.PhaseTunnel})
+			release(worker.Outcome{Phase: worker.PhaseTunnel})
 			return resultUpstreamError
 		}
 		h.m.bytesUp.Add(float64(n))
@@ -450,7 +603,7 @@ func (h *Handler) tunnel(hj http.Hijacker, a *dispatch.Allocation, tun *transpor
 	h.tunnels.remove(t)
 	h.m.bytesUp.Add(float64(up))
 	h.m.bytesDown.Add(float64(down))
-	h.d.Release(a, worker.Outcome{Success: true})
+	release(worker.Outcome{Success: true})
 	return resultOK
 }
 
@@ -563,4 +716,7 @@ func (h *Handler) WaitTunnels(ctx context.Context) error {
 	return nil
 }
 
-var _ http.Handler = (*Handler)(nil)
+var (
+	_ http.Handler   = (*Handler)(nil)
+	_ ListenerEvents = (*Handler)(nil)
+)

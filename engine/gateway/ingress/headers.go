@@ -7,8 +7,10 @@ import (
 )
 
 // hopByHop lists the headers that describe one connection (RFC 9110 §7.6.1)
-// plus the proxy credentials: none of them may travel past the gateway.
+// plus the proxy credentials and the gateway's own API key header: none of
+// them may travel past the gateway.
 var hopByHop = map[string]bool{
+	APIKeyHeader:          true,
 	"Connection":          true,
 	"Proxy-Connection":    true,
 	"Keep-Alive":          true,

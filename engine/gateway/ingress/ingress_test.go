@@ -1,16 +1,13 @@
 package ingress
 
 import (
-	"context"
-	"errors"
+	"encoding/base64"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"strings"
 	"testing"
-
-	"github.com/proxypool/proxypool/engine/config"
 )
 
 func TestCleanHeader(t *testing.T) {
@@ -28,6 +25,7 @@ func TestCleanHeader(t *testing.T) {
 		"Upgrade":             {"websocket"},
 		"Proxy-Authenticate":  {"Basic"},
 		"X-Keep":              {"yes"},
+		"X-Proxypool-Api-Key": {"k"},
 	}
 	got := cleanHeader(src)
 	want := map[string]bool{"Accept": true, "X-Keep": true}
@@ -39,7 +37,7 @@ func TestCleanHeader(t *testing.T) {
 			t.Fatalf("kept %s", k)
 		}
 	}
-	if len(src) != 13 {
+	if len(src) != 14 {
 		t.Fatal("source header modified")
 	}
 }
@@ -60,6 +58,9 @@ func TestParseAuthority(t *testing.T) {
 		{in: "[::1]", def: 80, host: "::1", port: 80},
 		{in: "::1", def: 80, wantFail: true},
 		{in: "[fe80::1%eth0]:80", wantFail: true},
+		{in: "[[::1]]:443", wantFail: true},
+		{in: "[::1]]:443", wantFail: true},
+		{in: "example.com:", wantFail: true},
 		{in: "example.com:0", wantFail: true},
 		{in: "example.com:65536", wantFail: true},
 		{in: "example.com:+80", wantFail: true},
@@ -155,212 +156,13 @@ func FuzzParseBasic(f *testing.F) {
 	})
 }
 
-func TestParseIPLiteral(t *testing.T) {
-	tests := []struct {
-		in   string
-		want string
-	}{
-		{"127.0.0.1", "127.0.0.1"},
-		{"2130706433", "127.0.0.1"},
-		{"0x7f000001", "127.0.0.1"},
-		{"0x7f.1", "127.0.0.1"},
-		{"0177.0.0.1", "127.0.0.1"},
-		{"017700000001", "127.0.0.1"},
-		{"127.1", "127.0.0.1"},
-		{"10.1.65535", "10.1.255.255"},
-		{"::ffff:10.0.0.1", "::ffff:10.0.0.1"},
-		{"0", "0.0.0.0"},
-		{"example.com", ""},
-		{"1.2.3.4.5", ""},
-		{"256.1.1.1", ""},
-		{"1.2.65536", ""},
-		{"0x", ""},
-		{"08", ""},
-		{"deadbeef", ""},
-		{"fe80::1%eth0", ""},
-	}
-	for _, tc := range tests {
-		t.Run(tc.in, func(t *testing.T) {
-			ip, ok := ParseIPLiteral(tc.in)
-			if tc.want == "" {
-				if ok {
-					t.Fatalf("parsed as %s", ip)
-				}
-				return
-			}
-			if !ok || ip.String() != tc.want {
-				t.Fatalf("got %s %v, want %s", ip, ok, tc.want)
-			}
-		})
-	}
-}
-
-// fakeResolver answers from a table; it stands in for DNS, not for the
-// network under test.
-type fakeResolver map[string][]string
-
-func (f fakeResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
-	addrs, ok := f[host]
-	if !ok {
-		return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
-	}
-	var out []netip.Addr
-	for _, a := range addrs {
-		out = append(out, netip.MustParseAddr(a))
-	}
-	return out, nil
-}
-
-func TestDestinationPolicy(t *testing.T) {
-	res := fakeResolver{
-		"public.example":  {"93.184.216.34"},
-		"private.example": {"10.0.0.5"},
-		"mixed.example":   {"93.184.216.34", "192.168.1.1"},
-		"localhost":       {"127.0.0.1", "::1"},
-		"meta.example":    {"169.254.169.254"},
-		"deny.example":    {"203.0.113.9"},
-	}
-	strict, _ := NewDestinationPolicy(&config.Security{DeniedCIDRs: []string{"203.0.113.0/24"}}, res)
-	local, _ := NewDestinationPolicy(&config.Security{AllowLoopbackDestinations: true}, res)
-	tests := []struct {
-		host       string
-		strictDeny bool
-		localDeny  bool
-		fail       bool
-	}{
-		{host: "public.example"},
-		{host: "93.184.216.34"},
-		{host: "private.example", strictDeny: true},
-		{host: "mixed.example", strictDeny: true},
-		{host: "localhost", strictDeny: true},
-		{host: "127.0.0.1", strictDeny: true},
-		{host: "2130706433", strictDeny: true},
-		{host: "::ffff:127.0.0.1", strictDeny: true},
-		{host: "::1", strictDeny: true},
-		{host: "10.1.2.3", strictDeny: true},
-		{host: "fd00::1", strictDeny: true},
-		{host: "meta.example", strictDeny: true, localDeny: true},
-		{host: "169.254.169.254", strictDeny: true, localDeny: true},
-		{host: "0.0.0.0", strictDeny: true, localDeny: true},
-		{host: "0.1.2.3", strictDeny: true, localDeny: true},
-		{host: "224.0.0.1", strictDeny: true, localDeny: true},
-		{host: "ff02::1", strictDeny: true, localDeny: true},
-		{host: "203.0.113.7", strictDeny: true},
-		{host: "deny.example", strictDeny: true},
-		{host: "nxdomain.example", fail: true},
-	}
-	for _, tc := range tests {
-		t.Run(tc.host, func(t *testing.T) {
-			for _, c := range []struct {
-				name string
-				p    DestinationPolicy
-				deny bool
-			}{{"strict", strict, tc.strictDeny}, {"allowLoopback", local, tc.localDeny}} {
-				err := c.p.Allow(context.Background(), tc.host)
-				switch {
-				case tc.fail:
-					if err == nil || IsDenied(err) {
-						t.Fatalf("%s: err = %v, want a lookup failure", c.name, err)
-					}
-				case c.deny != IsDenied(err) || (!c.deny && err != nil):
-					t.Fatalf("%s: err = %v, want denied=%v", c.name, err, c.deny)
-				}
-			}
-		})
-	}
-}
-
-func TestAccessList(t *testing.T) {
-	a, err := NewAccessList([]string{"10.0.0.0/8", "192.0.2.7", "2001:db8::/32"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tests := []struct {
-		remote string
-		ok     bool
-	}{
-		{"10.1.2.3:5555", true},
-		{"192.0.2.7:1", true},
-		{"192.0.2.8:1", false},
-		{"[::ffff:10.0.0.1]:80", true},
-		{"[2001:db8::1]:80", true},
-		{"[2001:db9::1]:80", false},
-		{"garbage", false},
-	}
-	for _, tc := range tests {
-		t.Run(tc.remote, func(t *testing.T) {
-			if got := a.Allowed(tc.remote); got != tc.ok {
-				t.Fatalf("allowed = %v", got)
-			}
-		})
-	}
-	if _, err := NewAccessList([]string{"nope"}); err == nil {
-		t.Fatal("bad CIDR accepted")
-	}
-	empty, _ := NewAccessList(nil)
-	if !empty.Allowed("203.0.113.1:1") {
-		t.Fatal("empty list refuses")
-	}
-}
-
-func TestAuthenticators(t *testing.T) {
-	users := []config.User{{Username: "alice"}}
-	if err := users[0].Password.UnmarshalText([]byte("env:PROXYPOOL_TEST_GW_PASS")); err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("PROXYPOOL_TEST_GW_PASS", "s3cret")
-	if err := users[0].Password.Resolve(); err != nil {
-		t.Fatal(err)
-	}
-	up, err := NewAuthenticator(&config.Auth{Mode: "usernamePassword", Users: users})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tests := []struct {
-		header string
-		who    string
-		ok     bool
-	}{
-		{"Basic YWxpY2U6czNjcmV0", "alice", true},
-		{"Basic YWxpY2U6d3Jvbmc=", "", false},
-		{"Basic Ym9iOnMzY3JldA==", "", false},
-		{"", "", false},
-	}
-	for _, tc := range tests {
-		t.Run(tc.header, func(t *testing.T) {
-			r := &http.Request{Header: http.Header{}}
-			if tc.header != "" {
-				r.Header.Set("Proxy-Authorization", tc.header)
-			}
-			p, err := up.Authenticate(r)
-			if tc.ok != (err == nil) || p.Name != tc.who {
-				t.Fatalf("principal %q err %v", p.Name, err)
-			}
-			if err != nil && !errors.Is(err, ErrAuthRequired) {
-				t.Fatalf("err = %v, want ErrAuthRequired", err)
-			}
-		})
-	}
-	if _, err := NewAuthenticator(&config.Auth{Mode: "bearer"}); err == nil {
-		t.Fatal("unregistered mode accepted")
-	}
-	func() {
-		defer func() {
-			if recover() == nil {
-				t.Fatal("duplicate registration did not panic")
-			}
-		}()
-		RegisterAuth("none", nil)
-	}()
-}
-
 func TestLimitListener(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	refused := make(chan struct{}, 4)
-	l := NewLimitListener(ln, 1, func() { refused <- struct{}{} })
+	l := NewLimitListener(ln, 1, refuseEvents(refused))
 	defer l.Close()
 	accepted := make(chan net.Conn, 4)
 	go func() {
@@ -406,4 +208,141 @@ func TestLimitListener(t *testing.T) {
 	defer c3.Close()
 	s3 := <-accepted
 	s3.Close()
+}
+
+type refuseEvents chan struct{}
+
+func (r refuseEvents) Accepted()      {}
+func (r refuseEvents) Closed()        {}
+func (r refuseEvents) Refused(string) { r <- struct{}{} }
+
+func TestLimitListenerPerClient(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := NewLimitListener(ln, 100, nil)
+	l.SetPerClient(2, nil)
+	defer l.Close()
+	accepted := make(chan net.Conn, 8)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	dial()
+	dial()
+	s1, s2 := <-accepted, <-accepted
+	third := dial()
+	got, _ := io.ReadAll(third)
+	if !strings.HasPrefix(string(got), "HTTP/1.1 429") || !strings.Contains(string(got), ReasonTooManyConns) {
+		t.Fatalf("third connection from one address got %q", got)
+	}
+	s1.Close()
+	dial()
+	<-accepted
+	s2.Close()
+	// Exempt peers (trusted proxies) are only under the total cap.
+	l.SetPerClient(1, []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")})
+	dial()
+	dial()
+	<-accepted
+	<-accepted
+}
+
+func TestCredentials(t *testing.T) {
+	basic := func(up string) string { return "Basic " + base64.StdEncoding.EncodeToString([]byte(up)) }
+	tests := []struct {
+		name    string
+		header  http.Header
+		user    string
+		pass    string
+		apiKey  string
+		bearer  string
+		session string
+	}{
+		{"none", http.Header{}, "", "", "", "", ""},
+		{"basic", http.Header{"Proxy-Authorization": {basic("alice:pw")}}, "alice", "pw", "pw", "pw", ""},
+		{"session convention", http.Header{"Proxy-Authorization": {basic("alice-session-42:pw")}}, "alice", "pw", "pw", "pw", "42"},
+		{"last marker wins", http.Header{"Proxy-Authorization": {basic("a-session-b-session-c:pw")}}, "a-session-b", "pw", "pw", "pw", "c"},
+		{"empty session is a plain name", http.Header{"Proxy-Authorization": {basic("alice-session-:pw")}}, "alice-session-", "pw", "pw", "pw", ""},
+		{"bearer", http.Header{"Proxy-Authorization": {"Bearer tok"}}, "", "", "", "tok", ""},
+		{"api key header", http.Header{APIKeyHeader: {"k1"}}, "", "", "k1", "", ""},
+		{"api key header beats basic password", http.Header{APIKeyHeader: {"k1"}, "Proxy-Authorization": {basic("u:pw")}}, "u", "pw", "k1", "pw", ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, session := credentials(&http.Request{Header: tc.header}, netip.MustParseAddr("192.0.2.1"))
+			if c.Username != tc.user || c.Password != tc.pass || c.APIKey != tc.apiKey || c.Bearer != tc.bearer || session != tc.session {
+				t.Fatalf("got %+v session %q", c, session)
+			}
+		})
+	}
+}
+
+func TestFramer(t *testing.T) {
+	tests := []struct {
+		name   string
+		stream string
+		// bad is the 1-based request index first refused, 0 for none.
+		bad int64
+	}{
+		{"clean pipeline", "GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\nGET http://a/2 HTTP/1.1\r\nHost: a\r\n\r\n", 0},
+		{"obs-fold", "GET http://a/ HTTP/1.1\r\nHost: a\r\nX-A: one\r\n two\r\n\r\n", 1},
+		{"obs-fold tab", "GET http://a/ HTTP/1.1\r\nHost: a\r\nX-A: one\r\n\ttwo\r\n\r\n", 1},
+		{"fold in second request", "GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\nGET http://a/ HTTP/1.1\r\nX-A: 1\r\n 2\r\n\r\n", 2},
+		{"te and cl", "POST http://a/ HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 1},
+		{"body with fold-like bytes skipped", "POST http://a/ HTTP/1.1\r\nContent-Length: 6\r\n\r\n\r\n x\r\nGET http://a/ HTTP/1.1\r\n\r\n", 0},
+		{"chunked body skipped", "POST http://a/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n4;ext=1\r\n\r\n x\r\n0\r\nTrailer: t\r\n\r\nGET http://a/ HTTP/1.1\r\nX: 1\r\n\r\n", 0},
+		{"fold after chunked body", "POST http://a/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nx\r\n0\r\n\r\nGET http://a/ HTTP/1.1\r\nX: 1\r\n 2\r\n\r\n", 2},
+		{"connect stops scanning", "CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n\r\n tunnel bytes", 0},
+		{"leading empty lines", "\r\n\r\nGET http://a/ HTTP/1.1\r\n\r\n", 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			// Byte by byte and all at once must agree.
+			for _, step := range []int{1, 7, len(tc.stream)} {
+				var f framer
+				for i := 0; i < len(tc.stream); i += step {
+					f.scan([]byte(tc.stream[i:min(i+step, len(tc.stream))]))
+				}
+				if got := f.bad.Load(); got != tc.bad {
+					t.Fatalf("step %d: bad = %d, want %d", step, got, tc.bad)
+				}
+			}
+		})
+	}
+}
+
+// FuzzFramer: the verdict must not depend on how reads split the stream,
+// and scanning must never panic.
+func FuzzFramer(f *testing.F) {
+	f.Add("GET http://a/ HTTP/1.1\r\nX: 1\r\n 2\r\n\r\n", 3)
+	f.Add("POST http://a/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n0\r\n\r\nGET / HTTP/1.1\r\n\r\n", 5)
+	f.Add("POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\nxxGET / HTTP/1.1\r\n\r\n", 1)
+	f.Fuzz(func(t *testing.T, stream string, step int) {
+		if step <= 0 || step > 64 {
+			step = 1
+		}
+		var whole, split framer
+		whole.scan([]byte(stream))
+		for i := 0; i < len(stream); i += step {
+			split.scan([]byte(stream[i:min(i+step, len(stream))]))
+		}
+		if whole.bad.Load() != split.bad.Load() {
+			t.Fatalf("verdict depends on read boundaries: %d vs %d", whole.bad.Load(), split.bad.Load())
+		}
+	})
 }

@@ -1,31 +1,54 @@
 package ingress
 
 import (
+	"context"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
 )
 
-// LimitListener caps the connections open at once. Above the cap it
-// refuses fast — a short 503 and close — instead of letting connections
-// queue in the accept backlog or in memory (seed 000 §17.2).
+// LimitListener caps the connections open at once, in total and per client
+// address. Above a cap it refuses fast — a short canned response and close
+// — instead of letting connections queue in the accept backlog or in memory
+// (seed 000 §17.2). Every accepted connection is wrapped so the handler can
+// see framing violations net/http tolerates (see framer).
 type LimitListener struct {
 	net.Listener
-	max      atomic.Int64
-	open     atomic.Int64
-	onRefuse func()
+	max       atomic.Int64
+	perClient atomic.Int64
+	open      atomic.Int64
+	exempt    atomic.Pointer[[]netip.Prefix]
+	events    ListenerEvents
+
+	mu      sync.Mutex
+	clients map[netip.Addr]int64
 }
 
-// refusal is written to a connection refused for overload; best effort.
-const refusal = "HTTP/1.1 503 Service Unavailable\r\nX-Proxypool-Reason: overload\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+// Canned refusals, best effort.
+const (
+	refusalOverload = "HTTP/1.1 503 Service Unavailable\r\n" + ReasonHeader + ": " + ReasonOverload + "\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+	refusalPerIP    = "HTTP/1.1 429 Too Many Requests\r\n" + ReasonHeader + ": " + ReasonTooManyConns + "\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+)
 
 // refuseWriteTimeout bounds the courtesy write to a refused connection.
 const refuseWriteTimeout = 100 * time.Millisecond
 
-// NewLimitListener wraps ln; onRefuse (may be nil) is called per refusal.
-func NewLimitListener(ln net.Listener, maxConns int, onRefuse func()) *LimitListener {
-	l := &LimitListener{Listener: ln, onRefuse: onRefuse}
+// ListenerEvents observes a LimitListener (metrics); *Handler implements
+// it.
+type ListenerEvents interface {
+	// Accepted: a connection was admitted; Closed: an admitted one ended.
+	Accepted()
+	Closed()
+	// Refused: a connection was refused with reason ReasonOverload or
+	// ReasonTooManyConns.
+	Refused(reason string)
+}
+
+// NewLimitListener wraps ln; events may be nil.
+func NewLimitListener(ln net.Listener, maxConns int, events ListenerEvents) *LimitListener {
+	l := &LimitListener{Listener: ln, events: events, clients: make(map[netip.Addr]int64)}
 	l.SetMax(maxConns)
 	return l
 }
@@ -33,10 +56,19 @@ func NewLimitListener(ln net.Listener, maxConns int, onRefuse func()) *LimitList
 // SetMax changes the cap; open connections above a lowered cap stay.
 func (l *LimitListener) SetMax(n int) { l.max.Store(int64(max(n, 1))) }
 
+// SetPerClient caps the connections of one client address (0: no cap).
+// Peers inside exempt (the trusted proxies, which carry many clients) are
+// only subject to the total cap.
+func (l *LimitListener) SetPerClient(n int, exempt []netip.Prefix) {
+	l.perClient.Store(int64(max(n, 0)))
+	cp := append([]netip.Prefix(nil), exempt...)
+	l.exempt.Store(&cp)
+}
+
 // Open is the number of connections currently held.
 func (l *LimitListener) Open() int64 { return l.open.Load() }
 
-// Accept returns the next connection under the cap.
+// Accept returns the next connection under the caps.
 func (l *LimitListener) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
@@ -45,28 +77,105 @@ func (l *LimitListener) Accept() (net.Conn, error) {
 		}
 		if l.open.Add(1) > l.max.Load() {
 			l.open.Add(-1)
-			_ = c.SetWriteDeadline(time.Now().Add(refuseWriteTimeout))
-			_, _ = c.Write([]byte(refusal))
-			_ = c.Close()
-			if l.onRefuse != nil {
-				l.onRefuse()
-			}
+			l.refuse(c, refusalOverload, ReasonOverload)
 			continue
 		}
-		return &limitConn{Conn: c, l: l}, nil
+		ip, counted := l.takeClient(c)
+		if !counted && ip.IsValid() {
+			l.open.Add(-1)
+			l.refuse(c, refusalPerIP, ReasonTooManyConns)
+			continue
+		}
+		lc := &limitConn{Conn: c, l: l}
+		if counted {
+			lc.ip = ip
+		}
+		if l.events != nil {
+			l.events.Accepted()
+		}
+		return lc, nil
 	}
 }
 
-// limitConn gives its slot back on the first Close.
+func (l *LimitListener) refuse(c net.Conn, msg, reason string) {
+	_ = c.SetWriteDeadline(time.Now().Add(refuseWriteTimeout))
+	_, _ = c.Write([]byte(msg))
+	_ = c.Close()
+	if l.events != nil {
+		l.events.Refused(reason)
+	}
+}
+
+// takeClient counts c against its address's cap. It returns the address
+// and true when counted; the address and false when over the cap; an
+// invalid address and false when no per-client cap applies.
+func (l *LimitListener) takeClient(c net.Conn) (netip.Addr, bool) {
+	limit := l.perClient.Load()
+	if limit <= 0 {
+		return netip.Addr{}, false
+	}
+	ta, ok := c.RemoteAddr().(*net.TCPAddr)
+	if !ok {
+		return netip.Addr{}, false
+	}
+	ip := ta.AddrPort().Addr().Unmap()
+	if ex := l.exempt.Load(); ex != nil {
+		for _, p := range *ex {
+			if p.Contains(ip) {
+				return netip.Addr{}, false
+			}
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	// The map holds only addresses with open connections, so it is
+	// bounded by the total cap.
+	if l.clients[ip] >= limit {
+		return ip, false
+	}
+	l.clients[ip]++
+	return ip, true
+}
+
+func (l *LimitListener) dropClient(ip netip.Addr) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if n := l.clients[ip] - 1; n > 0 {
+		l.clients[ip] = n
+	} else {
+		delete(l.clients, ip)
+	}
+}
+
+// limitConn gives its slots back on the first Close, and scans what the
+// client sends for framing net/http would tolerate.
 type limitConn struct {
 	net.Conn
 	l    *LimitListener
+	ip   netip.Addr // valid when counted per client
 	once sync.Once
+	fr   framer
+}
+
+func (c *limitConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.fr.scan(p[:n])
+	}
+	return n, err
 }
 
 func (c *limitConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(func() { c.l.open.Add(-1) })
+	c.once.Do(func() {
+		c.l.open.Add(-1)
+		if c.ip.IsValid() {
+			c.l.dropClient(c.ip)
+		}
+		if c.l.events != nil {
+			c.l.events.Closed()
+		}
+	})
 	return err
 }
 
@@ -81,6 +190,17 @@ func rawConn(c net.Conn) net.Conn {
 		return lc.Conn
 	}
 	return c
+}
+
+type connKey struct{}
+
+// ConnContext is the http.Server ConnContext hook the handler needs to see
+// its connection's framing verdicts.
+func ConnContext(ctx context.Context, c net.Conn) context.Context {
+	if lc, ok := c.(*limitConn); ok {
+		return context.WithValue(ctx, connKey{}, lc)
+	}
+	return ctx
 }
 
 var _ net.Listener = (*LimitListener)(nil)

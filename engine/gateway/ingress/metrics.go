@@ -1,6 +1,10 @@
 package ingress
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/proxypool/proxypool/engine/domain/worker"
+)
 
 type methodClass uint8
 
@@ -48,11 +52,16 @@ const (
 	ReasonBadTarget         = "bad-target"
 	ReasonTooManyHeaders    = "too-many-headers"
 	ReasonOverload          = "overload"
+	ReasonTooManyConns      = "too-many-connections"
+	ReasonRateLimited       = "rate-limited"
+	ReasonRoutingLimit      = "routing-limit"
+	ReasonBadFraming        = "bad-framing"
 )
 
 var rejectionReasons = []string{
 	ReasonNoProxy, ReasonStale, ReasonNoRoute, ReasonDeniedDestination, ReasonAccessDenied,
 	ReasonAuthRequired, ReasonBadTarget, ReasonTooManyHeaders, ReasonOverload,
+	ReasonTooManyConns, ReasonRateLimited, ReasonRoutingLimit, ReasonBadFraming,
 }
 
 type metrics struct {
@@ -63,6 +72,12 @@ type metrics struct {
 	bytesDown     prometheus.Counter
 	retries       prometheus.Counter
 	rejections    map[string]prometheus.Counter
+
+	connsActive      prometheus.Gauge
+	connsAccepted    prometheus.Counter
+	upstreamConnect  prometheus.Observer
+	upstreamFailures [worker.PhaseTunnel + 1]prometheus.Counter
+	direct           prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -92,12 +107,37 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Namespace: ns, Subsystem: sub, Name: "rejections_total",
 		Help: "Requests and connections refused by the gateway, by reason.",
 	}, []string{"reason"})
+	connsActive := prometheus.NewGauge(prometheus.GaugeOpts{
+		Namespace: ns, Subsystem: sub, Name: "client_connections_active",
+		Help: "Client connections currently open (tunnels included).",
+	})
+	connsAccepted := prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "client_connections_total",
+		Help: "Client connections accepted (refused ones count in rejections_total).",
+	})
+	upConnect := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Namespace: ns, Subsystem: sub, Name: "upstream_connect_duration_seconds",
+		Help:    "Time from choosing a proxy to the upstream's response headers or CONNECT 2xx (successful attempts).",
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+	})
+	upFailures := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "upstream_failures_total",
+		Help: "Failed upstream attempts by phase (dial, proxy_handshake, response_headers, tunnel).",
+	}, []string{"phase"})
+	direct := prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: ns, Subsystem: sub, Name: "direct_requests_total",
+		Help: "Requests and tunnels of onUnavailable direct routings served without a proxy.",
+	})
 	m := &metrics{
-		tunnelsActive: tunnels,
-		bytesUp:       bytes.WithLabelValues("upstream"),
-		bytesDown:     bytes.WithLabelValues("downstream"),
-		retries:       retries,
-		rejections:    make(map[string]prometheus.Counter, len(rejectionReasons)),
+		connsActive:     connsActive,
+		connsAccepted:   connsAccepted,
+		upstreamConnect: upConnect,
+		direct:          direct,
+		tunnelsActive:   tunnels,
+		bytesUp:         bytes.WithLabelValues("upstream"),
+		bytesDown:       bytes.WithLabelValues("downstream"),
+		retries:         retries,
+		rejections:      make(map[string]prometheus.Counter, len(rejectionReasons)),
 	}
 	for c := range numClasses {
 		m.duration[c] = duration.WithLabelValues(classNames[c])
@@ -108,8 +148,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	for _, r := range rejectionReasons {
 		m.rejections[r] = rejections.WithLabelValues(r)
 	}
+	for ph := worker.PhaseNone; ph <= worker.PhaseTunnel; ph++ {
+		m.upstreamFailures[ph] = upFailures.WithLabelValues(ph.String())
+	}
 	if reg != nil {
-		reg.MustRegister(requests, duration, tunnels, bytes, retries, rejections)
+		reg.MustRegister(requests, duration, tunnels, bytes, retries, rejections,
+			connsActive, connsAccepted, upConnect, upFailures, direct)
 	}
 	return m
 }

@@ -8,9 +8,13 @@
 // proxy ID that outlives every snapshot, so active and reserved counts
 // carry over a swap; a proxy that left the snapshot while still in use is
 // reported as draining and its counter is reclaimed by a later build once
-// its counts are zero. The registry has a hard bound on entries.
+// its counts are zero. A build withdraws (a bit in the packed counter word)
+// every proxy the new snapshot no longer offers before it returns, so no
+// request still holding an older snapshot can reserve on it afterwards.
+// The registry has a hard bound on entries.
 //
 // This package must never import net/http or any I/O package beyond what
 // building a *url.URL needs, and must never import dispatch, transport or
-// ingress: they depend on it.
+// ingress: they depend on it. It imports sticky only to hold a rule's
+// session cache.
 package snapshot

@@ -43,11 +43,19 @@ type Registry struct {
 }
 
 type regEntry struct {
-	c      *Counter
+	// c comes first and is padded to a cache line, so counters of
+	// neighbouring entries do not share one; embedding saves an
+	// allocation per proxy.
+	c      Counter
 	target *Target
 	// live: the proxy is in the current (last successfully built)
-	// snapshot. A non-live entry with counts is draining.
-	live bool
+	// snapshot; alloc: and allocatable there. Anything else is withdrawn
+	// (its counter refuses reservations) and, while it has counts,
+	// reported as draining.
+	live, alloc bool
+	// withdrawn mirrors the counter's mark, so a build touches only the
+	// counters whose state changes.
+	withdrawn bool
 	// mark is the epoch of the last build that saw this entry.
 	mark uint64
 }
@@ -85,7 +93,7 @@ func (r *Registry) Runtime() []worker.Runtime {
 		if a == 0 && res == 0 {
 			continue
 		}
-		out = append(out, worker.Runtime{ID: id, Active: a, Reserved: res, Draining: !e.live})
+		out = append(out, worker.Runtime{ID: id, Active: a, Reserved: res, Draining: !e.live || !e.alloc})
 	}
 	r.mu.Unlock()
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
@@ -97,7 +105,7 @@ func (r *Registry) Counter(id proxy.ID) *Counter {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if e := r.m[id]; e != nil {
-		return e.c
+		return &e.c
 	}
 	return nil
 }
@@ -108,6 +116,10 @@ func (r *Registry) Counter(id proxy.ID) *Counter {
 // counters, which nothing could have used).
 func (r *Registry) bind(ws *worker.Snapshot, allocatable func(*proxy.Proxy) bool) ([]*regEntry, error) {
 	r.reclaim()
+	if len(r.m) == 0 && len(ws.Proxies) > 0 {
+		// A first snapshot: size the map once instead of growing it.
+		r.m = make(map[proxy.ID]*regEntry, min(len(ws.Proxies), r.max))
+	}
 	r.epoch++
 	epoch := r.epoch
 	refs := r.scratch[:0]
@@ -130,6 +142,7 @@ func (r *Registry) bind(ws *worker.Snapshot, allocatable func(*proxy.Proxy) bool
 				return fail(fmt.Errorf("building snapshot: duplicate proxy id %s", p.ID))
 			}
 			e.mark = epoch
+			e.alloc = allocatable(p)
 			refs = append(refs, e)
 			continue
 		}
@@ -142,13 +155,24 @@ func (r *Registry) bind(ws *worker.Snapshot, allocatable func(*proxy.Proxy) bool
 		if len(r.m) >= r.max {
 			return fail(&BoundError{Max: r.max, Need: len(r.m) + 1 + r.remainingNew(ws, i+1, allocatable)})
 		}
-		e = &regEntry{c: new(Counter), mark: epoch}
+		e = &regEntry{mark: epoch, alloc: true}
 		r.m[p.ID] = e
 		added = append(added, p.ID)
 		refs = append(refs, e)
 	}
+	// Withdraw before the caller publishes: from here on a request still
+	// routing on the previous snapshot cannot reserve on a proxy this one
+	// dropped.
 	for _, e := range r.m {
 		e.live = e.mark == epoch
+		if w := !e.live || !e.alloc; w != e.withdrawn {
+			e.withdrawn = w
+			if w {
+				e.c.withdraw()
+			} else {
+				e.c.restore()
+			}
+		}
 	}
 	r.scratch, r.added = refs, added[:0]
 	return refs, nil
@@ -168,9 +192,10 @@ func (r *Registry) remainingNew(ws *worker.Snapshot, i int, allocatable func(*pr
 }
 
 // reclaim deletes counters of proxies that were already absent from the
-// previous snapshot and are now idle. Retiring first (a CAS from zero)
-// closes the race with a request still routing on an older snapshot: it
-// can no longer reserve on the reclaimed counter.
+// previous snapshot and are now idle. They are withdrawn already; retiring
+// them (a CAS from "no counts") makes that permanent before the entry is
+// forgotten, so a returning proxy gets a fresh counter and the old pointer
+// stays dead.
 func (r *Registry) reclaim() {
 	for id, e := range r.m {
 		if !e.live && e.c.retire() {

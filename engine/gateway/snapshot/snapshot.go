@@ -9,11 +9,13 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/proxypool/proxypool/engine/config"
 	"github.com/proxypool/proxypool/engine/domain/proxy"
 	"github.com/proxypool/proxypool/engine/domain/routing"
 	"github.com/proxypool/proxypool/engine/domain/worker"
+	"github.com/proxypool/proxypool/engine/gateway/sticky"
 )
 
 // Target is what the transport needs to use one upstream proxy. It is built
@@ -34,6 +36,8 @@ type Target struct {
 	host       string
 	port       uint16
 	user, pass string
+	// u backs URL: one allocation per target instead of two.
+	u url.URL
 }
 
 // LogValue keeps credentials out of logs: a target logs as its ID.
@@ -50,10 +54,16 @@ func newTarget(p *proxy.Proxy) *Target {
 		user:     p.Key.Username,
 		pass:     p.Password,
 	}
-	t.URL = &url.URL{Scheme: string(p.Key.Scheme), Host: t.Addr}
+	t.u = url.URL{Scheme: string(p.Key.Scheme), Host: t.Addr}
+	t.URL = &t.u
 	if p.Key.Username != "" || p.Password != "" {
-		t.URL.User = url.UserPassword(p.Key.Username, p.Password)
-		t.ProxyAuthorization = "Basic " + base64.StdEncoding.EncodeToString([]byte(p.Key.Username+":"+p.Password))
+		t.u.User = url.UserPassword(p.Key.Username, p.Password)
+		cred := p.Key.Username + ":" + p.Password
+		buf := make([]byte, len("Basic ")+base64.StdEncoding.EncodedLen(len(cred)))
+		copy(buf, "Basic ")
+		base64.StdEncoding.Encode(buf[len("Basic "):], []byte(cred))
+		// buf is never written again: share it rather than copy it.
+		t.ProxyAuthorization = unsafe.String(&buf[0], len(buf))
 	}
 	return t
 }
@@ -99,12 +109,85 @@ type Rule struct {
 	Exhausted bool
 	// Disabled: every upstream the rule could use now is disabled.
 	Disabled bool
+	// WaitTimeout bounds onUnavailable "wait".
+	WaitTimeout time.Duration
+	// StickyHeader is the canonical name of the session header; empty
+	// when the rule has no sticky sessions.
+	StickyHeader string
+	// Sessions holds the rule's session bindings; nil when the rule has no
+	// sticky sessions. It outlives snapshots (the gateway keeps one per
+	// routing name).
+	Sessions *sticky.Cache
+	// Gate is the rule's admission limit; nil when unlimited.
+	Gate *Gate
 
 	candidates []Entry
+	// index finds a candidate by proxy ID; built only for sticky rules.
+	index map[proxy.ID]int32
 }
 
 // Candidates is the rule's allocatable proxies. Callers must not modify it.
 func (r *Rule) Candidates() []Entry { return r.candidates }
+
+// Lookup returns the rule's candidate entry for id, nil when the proxy is
+// not a candidate of this rule in this snapshot. Only sticky rules have an
+// index; others always answer nil.
+func (r *Rule) Lookup(id proxy.ID) *Entry {
+	if i, ok := r.index[id]; ok {
+		return &r.candidates[i]
+	}
+	return nil
+}
+
+// Gate bounds the requests one routing holds at once (admission before
+// any proxy is chosen). Gates are kept per routing name by the caller, so
+// the count survives snapshot swaps.
+type Gate struct {
+	n   atomic.Int64
+	max atomic.Int64
+}
+
+// NewGate returns a gate admitting up to limit at once.
+func NewGate(limit int64) *Gate {
+	g := &Gate{}
+	g.SetMax(limit)
+	return g
+}
+
+// SetMax changes the limit; holders above a lowered limit keep their slot.
+func (g *Gate) SetMax(limit int64) { g.max.Store(max(limit, 1)) }
+
+// TryEnter takes a slot if one is free.
+func (g *Gate) TryEnter() bool {
+	if g.n.Add(1) > g.max.Load() {
+		g.n.Add(-1)
+		return false
+	}
+	return true
+}
+
+// Leave gives a slot back.
+func (g *Gate) Leave() { g.n.Add(-1) }
+
+// InFlight is the number of slots held.
+func (g *Gate) InFlight() int64 { return g.n.Load() }
+
+// RuleSettings are a rule's parameters that the gateway's own config
+// supplies rather than the controller's snapshot.
+type RuleSettings struct {
+	WaitTimeout time.Duration
+	// Sessions enables sticky sessions for a rule whose snapshot entry
+	// names a sticky header; nil disables them.
+	Sessions *sticky.Cache
+	Gate     *Gate
+}
+
+// Options adjust Build.
+type Options struct {
+	// Settings returns the gateway's settings for a rule; nil leaves every
+	// rule without sessions, gate or wait timeout.
+	Settings func(r *routing.Rule) RuleSettings
+}
 
 // Snapshot is the compiled, immutable view one worker routes from.
 type Snapshot struct {
@@ -174,7 +257,15 @@ func allocatable(p *proxy.Proxy) bool {
 // snapshot, and resolves each rule's candidate list. It does not publish:
 // the caller stores the result in a Holder. Builds must not run
 // concurrently with each other on one registry; Build serialises them.
+//
+// Build withdraws (see Counter) every proxy that the new snapshot no longer
+// offers before it returns, so callers may publish and acknowledge at once.
 func Build(ws *worker.Snapshot, reg *Registry) (*Snapshot, error) {
+	return BuildWith(ws, reg, Options{})
+}
+
+// BuildWith is Build with per-rule settings.
+func BuildWith(ws *worker.Snapshot, reg *Registry, opts Options) (*Snapshot, error) {
 	if ws == nil {
 		return nil, errors.New("building snapshot: nil snapshot")
 	}
@@ -242,7 +333,7 @@ func Build(ws *worker.Snapshot, reg *Registry) (*Snapshot, error) {
 		k := upIndex[p.Upstream]
 		j := fill[k]
 		fill[k]++
-		backing[j] = Entry{counter: e.c, usableUntil: p.UsableUntil.UnixNano(), limit: limitOf(p), target: e.target}
+		backing[j] = Entry{counter: &e.c, usableUntil: p.UsableUntil.UnixNano(), limit: limitOf(p), target: e.target}
 		order[j] = int32(i)
 	}
 
@@ -253,38 +344,90 @@ func Build(ws *worker.Snapshot, reg *Registry) (*Snapshot, error) {
 		s.matchers[i] = compileMatcher(src)
 		r := &s.rules[i]
 		*r = Rule{Name: src.Name, Strategy: src.Strategy, OnUnavailable: src.OnUnavailable, MaxAttempts: max(src.MaxAttempts, 1)}
-		ups := ruleUpstreams(src, ws, r)
-		if len(ups) == 1 && len(src.Tags) == 0 {
-			// The common case shares the upstream's slice: no copy.
-			if k, ok := upIndex[ups[0]]; ok {
-				r.candidates = backing[start[k]:start[k+1]:start[k+1]]
-			}
-			continue
-		}
-		n := 0
-		for _, u := range ups {
-			if k, ok := upIndex[u]; ok {
-				n += upCount[k]
+		if opts.Settings != nil {
+			set := opts.Settings(src)
+			r.WaitTimeout, r.Gate = set.WaitTimeout, set.Gate
+			if src.StickyHeader != "" && set.Sessions != nil {
+				r.StickyHeader, r.Sessions = CanonicalHeaderKey(src.StickyHeader), set.Sessions
 			}
 		}
-		if n == 0 {
-			continue
-		}
-		list := make([]Entry, 0, n)
-		for _, u := range ups {
-			k, ok := upIndex[u]
-			if !ok {
-				continue
-			}
-			for j := start[k]; j < start[k+1]; j++ {
-				if hasTags(&ws.Proxies[order[j]], src.Tags) {
-					list = append(list, backing[j])
-				}
+		r.candidates = ruleCandidates(src, ws, r, upIndex, upCount, start, backing, order)
+		if r.Sessions != nil && len(r.candidates) > 0 {
+			r.index = make(map[proxy.ID]int32, len(r.candidates))
+			for j := range r.candidates {
+				r.index[r.candidates[j].target.ID] = int32(j)
 			}
 		}
-		r.candidates = list[:len(list):len(list)]
 	}
 	return s, nil
+}
+
+// ruleCandidates resolves the candidate list of one rule.
+func ruleCandidates(src *routing.Rule, ws *worker.Snapshot, r *Rule, upIndex map[string]int, upCount, start []int, backing []Entry, order []int32) []Entry {
+	ups := ruleUpstreams(src, ws, r)
+	var excluded map[proxy.ID]bool
+	if ex := ws.RoutingExclusions[src.Name]; len(ex) > 0 {
+		// The controller's target checks failed through these proxies
+		// for this routing only (seed 000 §13).
+		excluded = make(map[proxy.ID]bool, len(ex))
+		for _, id := range ex {
+			excluded[id] = true
+		}
+	}
+	if len(ups) == 1 && len(src.Tags) == 0 && excluded == nil {
+		// The common case shares the upstream's slice: no copy.
+		if k, ok := upIndex[ups[0]]; ok {
+			return backing[start[k]:start[k+1]:start[k+1]]
+		}
+		return nil
+	}
+	n := 0
+	for _, u := range ups {
+		if k, ok := upIndex[u]; ok {
+			n += upCount[k]
+		}
+	}
+	if n == 0 {
+		return nil
+	}
+	list := make([]Entry, 0, n)
+	for _, u := range ups {
+		k, ok := upIndex[u]
+		if !ok {
+			continue
+		}
+		for j := start[k]; j < start[k+1]; j++ {
+			if p := &ws.Proxies[order[j]]; hasTags(p, src.Tags) && !excluded[p.ID] {
+				list = append(list, backing[j])
+			}
+		}
+	}
+	return list[:len(list):len(list)]
+}
+
+// CanonicalHeaderKey is textproto.CanonicalMIMEHeaderKey for the header
+// names a config can hold, without importing net: a name with a character
+// outside the token set is returned unchanged, as net/http would key it.
+func CanonicalHeaderKey(s string) string {
+	b := []byte(s)
+	upper := true
+	for i, c := range b {
+		switch {
+		case c >= 'a' && c <= 'z':
+			if upper {
+				b[i] = c - 'a' + 'A'
+			}
+		case c >= 'A' && c <= 'Z':
+			if !upper {
+				b[i] = c - 'A' + 'a'
+			}
+		case c >= '0' && c <= '9', c == '-', strings.IndexByte("!#$%&'*+.^_`|~", c) >= 0:
+		default:
+			return s
+		}
+		upper = c == '-'
+	}
+	return string(b)
 }
 
 // ruleUpstreams resolves which upstreams a rule may allocate from now:

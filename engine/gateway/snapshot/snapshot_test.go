@@ -258,3 +258,25 @@ func TestTargetCredentials(t *testing.T) {
 		t.Fatal("target not reused")
 	}
 }
+
+// A routing's exclusions (its target check failed through those proxies)
+// remove them from that routing only.
+func TestRoutingExclusions(t *testing.T) {
+	reg := snapshot.NewRegistry(10, clock())
+	a, b := mk("up", 1), mk("up", 2)
+	ws := gwtest.Snapshot(1, t0, a, b)
+	ws.Routings = append(ws.Routings, routing.Rule{Name: "shop", Hosts: []string{"shop.example"}, Upstreams: []string{"up"}, MaxAttempts: 2})
+	ws.Routings[0], ws.Routings[1] = ws.Routings[1], ws.Routings[0]
+	ws.RoutingExclusions = map[string][]proxy.ID{"shop": {a.ID}}
+	s, err := snapshot.Build(ws, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shop, def := s.Rules()[0].Candidates(), s.Rules()[1].Candidates()
+	if len(shop) != 1 || shop[0].Target().ID != b.ID {
+		t.Fatalf("shop candidates = %d", len(shop))
+	}
+	if len(def) != 2 {
+		t.Fatalf("default candidates = %d, want both", len(def))
+	}
+}

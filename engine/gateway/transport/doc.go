@@ -2,7 +2,9 @@
 // forwards absolute-form HTTP requests through an upstream proxy over kept-
 // alive connections, opens CONNECT tunnels through one, and classifies every
 // failure by the phase it happened in (worker.PhaseDial,
-// PhaseProxyHandshake, PhaseResponseHeaders).
+// PhaseProxyHandshake, PhaseResponseHeaders). For onUnavailable "direct" it
+// also reaches a target without a proxy, dialling only the addresses the
+// destination guard checked (DirectRoundTrip, DirectConnect).
 //
 // Connection reuse: one *http.Transport whose Proxy hook reads the target
 // proxy from the request context. net/http keys its idle pool by proxy URL

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"sync"
 	"time"
@@ -106,14 +107,19 @@ func (o *Options) defaults() {
 	}
 }
 
-// Transport reaches targets through upstream proxies.
+// Transport reaches targets through upstream proxies, and directly for
+// routings whose onUnavailable is "direct".
 type Transport struct {
 	opts   Options
 	dialer net.Dialer
 	rt     *http.Transport
+	direct *http.Transport
 }
 
 type targetKey struct{}
+
+// directKey carries the destination addresses the guard checked.
+type directKey struct{}
 
 // dialError marks a failure to reach the upstream proxy itself, so that
 // it can be told apart after net/http wrapped it.
@@ -148,12 +154,85 @@ func New(o Options) *Transport {
 		// HTTP/1.1 only towards upstream proxies.
 		TLSNextProto: map[string]func(string, *tls.Conn) http.RoundTripper{},
 	}
+	t.direct = &http.Transport{
+		// Never a proxy, never a lookup of ours: only the addresses the
+		// destination guard returned are dialled.
+		Proxy: nil,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			addrs, _ := ctx.Value(directKey{}).([]netip.AddrPort)
+			c, err := t.dialChecked(ctx, addrs)
+			if err != nil {
+				return nil, &dialError{err}
+			}
+			return c, nil
+		},
+		DisableCompression:     true,
+		MaxIdleConns:           o.MaxIdleConns,
+		MaxIdleConnsPerHost:    o.MaxIdleConnsPerProxy,
+		IdleConnTimeout:        o.IdleConnTimeout,
+		ResponseHeaderTimeout:  o.ResponseHeaderTimeout,
+		MaxResponseHeaderBytes: o.MaxResponseHeaderBytes,
+		ExpectContinueTimeout:  time.Second,
+		TLSNextProto:           map[string]func(string, *tls.Conn) http.RoundTripper{},
+	}
 	return t
 }
 
 // CloseIdleConnections closes every idle upstream connection (reload,
 // shutdown).
-func (t *Transport) CloseIdleConnections() { t.rt.CloseIdleConnections() }
+func (t *Transport) CloseIdleConnections() {
+	t.rt.CloseIdleConnections()
+	t.direct.CloseIdleConnections()
+}
+
+var errNoAddress = errors.New("no checked destination address")
+
+// dialChecked dials the first of addrs that answers.
+func (t *Transport) dialChecked(ctx context.Context, addrs []netip.AddrPort) (net.Conn, error) {
+	if len(addrs) == 0 {
+		return nil, errNoAddress
+	}
+	var first error
+	for _, ap := range addrs {
+		c, err := t.dialer.DialContext(ctx, "tcp", ap.String())
+		if err == nil {
+			return c, nil
+		}
+		if first == nil {
+			first = err
+		}
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, first
+}
+
+// DirectRoundTrip sends req to its target without an upstream proxy,
+// dialling only addrs (the destination guard's checked addresses for the
+// request's host). Errors are *Error with PhaseDial or
+// PhaseResponseHeaders.
+func (t *Transport) DirectRoundTrip(req *http.Request, addrs []netip.AddrPort) (*http.Response, error) {
+	req = req.WithContext(context.WithValue(req.Context(), directKey{}, addrs))
+	resp, err := t.direct.RoundTrip(req)
+	if err != nil {
+		var de *dialError
+		if errors.As(err, &de) {
+			return nil, &Error{Phase: worker.PhaseDial, Err: fmt.Errorf("dialing destination: %w", de.err)}
+		}
+		return nil, &Error{Phase: worker.PhaseResponseHeaders, Err: fmt.Errorf("awaiting response headers: %w", err)}
+	}
+	return resp, nil
+}
+
+// DirectConnect opens a TCP connection to the first of addrs that answers.
+func (t *Transport) DirectConnect(ctx context.Context, addrs []netip.AddrPort) (net.Conn, error) {
+	c, err := t.dialChecked(ctx, addrs)
+	if err != nil {
+		return nil, &Error{Phase: worker.PhaseDial, Err: fmt.Errorf("dialing destination: %w", err)}
+	}
+	return c, nil
+}
 
 var errNoTarget = errors.New("no upstream proxy in request context")
 

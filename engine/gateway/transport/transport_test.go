@@ -3,10 +3,12 @@ package transport_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,6 +19,7 @@ import (
 	"github.com/proxypool/proxypool/engine/gateway/internal/gwtest"
 	"github.com/proxypool/proxypool/engine/gateway/snapshot"
 	"github.com/proxypool/proxypool/engine/gateway/transport"
+	"github.com/proxypool/proxypool/testenv"
 )
 
 // target builds the snapshot target of p the way the gateway does.
@@ -99,32 +102,34 @@ func scriptedProxy(t *testing.T, reply string) (string, uint16) {
 }
 
 func TestRoundTripThroughUpstream(t *testing.T) {
-	tg := gwtest.NewTarget(t)
-	up := gwtest.NewUpstreamProxy(t, "up1", "alice", "s3cret")
+	tg := gwtest.Target(t)
+	up := gwtest.Upstreams(t, 1, "alice", "s3cret")[0]
 	tr := transport.New(transport.Options{})
 	defer tr.CloseIdleConnections()
-	tgt := target(t, up.Proxy("u", time.Now()))
+	tgt := target(t, gwtest.ProxyOf(up, "u", "alice", "s3cret", time.Now()))
 	for i := range 3 {
-		resp, err := tr.RoundTrip(get(t, tg.URL+"/x"+strconv.Itoa(i)), tgt)
+		resp, err := tr.RoundTrip(get(t, tg.URL()+"/x"+strconv.Itoa(i)), tgt)
 		if err != nil {
 			t.Fatal(err)
 		}
-		body, _ := io.ReadAll(resp.Body)
+		var rec testenv.Received
+		err = json.NewDecoder(resp.Body).Decode(&rec)
 		resp.Body.Close()
-		if resp.StatusCode != 200 || string(body) != "hello /x"+strconv.Itoa(i) || resp.Header.Get("X-Seen-Upstream-Proxy") != "up1" {
-			t.Fatalf("response %d %q %v", resp.StatusCode, body, resp.Header)
+		// The upstream demands credentials: a 200 proves they were sent.
+		if err != nil || resp.StatusCode != 200 || rec.Path != "/x"+strconv.Itoa(i) || rec.UpstreamProxy != up.ID() {
+			t.Fatalf("response %d %+v %v", resp.StatusCode, rec, err)
 		}
 	}
-	if n := up.Conns(); n != 1 {
-		t.Fatalf("upstream proxy saw %d connections for 3 sequential requests, want 1 (reuse)", n)
+	if n := up.ActiveConns(); n != 1 {
+		t.Fatalf("upstream proxy holds %d connections after 3 sequential requests, want 1 (kept alive, reused)", n)
 	}
 }
 
 func TestRoundTripFailurePhases(t *testing.T) {
-	tg := gwtest.NewTarget(t)
+	tg := gwtest.Target(t)
 	now := time.Now()
 	silentHost, silentPort := silentProxy(t)
-	authUp := gwtest.NewUpstreamProxy(t, "auth", "alice", "right")
+	authUp := gwtest.Upstreams(t, 1, "alice", "right")[0]
 	tests := []struct {
 		name  string
 		proxy proxy.Proxy
@@ -133,13 +138,13 @@ func TestRoundTripFailurePhases(t *testing.T) {
 	}{
 		{"connection refused", gwtest.MakeProxy("u", "127.0.0.1", gwtest.ClosedPort(t), "", "", now), worker.PhaseDial, 0},
 		{"no response headers", gwtest.MakeProxy("u", silentHost, silentPort, "", "", now), worker.PhaseResponseHeaders, 0},
-		{"wrong credentials", gwtest.MakeProxy("u", authUp.Host, authUp.Port, "alice", "wrong", now), worker.PhaseProxyHandshake, 407},
+		{"wrong credentials", gwtest.ProxyOf(authUp, "u", "alice", "wrong", now), worker.PhaseProxyHandshake, 407},
 	}
 	tr := transport.New(transport.Options{ResponseHeaderTimeout: 200 * time.Millisecond, DialTimeout: time.Second})
 	defer tr.CloseIdleConnections()
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			resp, err := tr.RoundTrip(get(t, tg.URL+"/"), target(t, tc.proxy))
+			resp, err := tr.RoundTrip(get(t, tg.URL()+"/"), target(t, tc.proxy))
 			if err == nil {
 				resp.Body.Close()
 				t.Fatal("round trip succeeded")
@@ -158,9 +163,9 @@ func TestRoundTripFailurePhases(t *testing.T) {
 
 func TestConnect(t *testing.T) {
 	echo := gwtest.NewEchoServer(t)
-	up := gwtest.NewUpstreamProxy(t, "up1", "alice", "s3cret")
+	up := gwtest.Upstreams(t, 1, "alice", "s3cret")[0]
 	tr := transport.New(transport.Options{})
-	tun, err := tr.Connect(context.Background(), target(t, up.Proxy("u", time.Now())), echo)
+	tun, err := tr.Connect(context.Background(), target(t, gwtest.ProxyOf(up, "u", "alice", "s3cret", time.Now())), echo)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +203,7 @@ func TestConnectKeepsEarlyBytes(t *testing.T) {
 
 func TestConnectFailurePhases(t *testing.T) {
 	now := time.Now()
-	authUp := gwtest.NewUpstreamProxy(t, "auth", "alice", "right")
+	authUp := gwtest.Upstreams(t, 1, "alice", "right")[0]
 	silentHost, silentPort := silentProxy(t)
 	refuseHost, refusePort := scriptedProxy(t, "HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
 	hugeHost, hugePort := scriptedProxy(t, "HTTP/1.1 200 OK\r\nX-Big: "+strings.Repeat("a", 128<<10)+"\r\n\r\n")
@@ -209,7 +214,7 @@ func TestConnectFailurePhases(t *testing.T) {
 		code  int
 	}{
 		{"connection refused", gwtest.MakeProxy("u", "127.0.0.1", gwtest.ClosedPort(t), "", "", now), worker.PhaseDial, 0},
-		{"wrong credentials", gwtest.MakeProxy("u", authUp.Host, authUp.Port, "alice", "wrong", now), worker.PhaseProxyHandshake, 407},
+		{"wrong credentials", gwtest.ProxyOf(authUp, "u", "alice", "wrong", now), worker.PhaseProxyHandshake, 407},
 		{"upstream refuses target", gwtest.MakeProxy("u", refuseHost, refusePort, "", "", now), worker.PhaseProxyHandshake, 502},
 		{"no reply", gwtest.MakeProxy("u", silentHost, silentPort, "", "", now), worker.PhaseProxyHandshake, 0},
 		{"oversized reply", gwtest.MakeProxy("u", hugeHost, hugePort, "", "", now), worker.PhaseProxyHandshake, 0},
@@ -251,4 +256,48 @@ func TestConnectCancelledByClient(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("cancelled handshake still waiting")
 	}
+}
+
+func TestDirect(t *testing.T) {
+	tg := gwtest.Target(t)
+	tr := transport.New(transport.Options{DialTimeout: time.Second})
+	defer tr.CloseIdleConnections()
+	checked := []netip.AddrPort{netip.MustParseAddrPort(tg.Addr())}
+	t.Run("round trip dials only the checked address", func(t *testing.T) {
+		// The URL names a host nobody can resolve here: only the checked
+		// address can make this work.
+		req := get(t, "http://unresolvable.invalid/direct")
+		resp, err := tr.DirectRoundTrip(req, checked)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rec testenv.Received
+		_ = json.NewDecoder(resp.Body).Decode(&rec)
+		resp.Body.Close()
+		if rec.Path != "/direct" || rec.UpstreamProxy != "" {
+			t.Fatalf("target saw %+v", rec)
+		}
+	})
+	t.Run("no checked address", func(t *testing.T) {
+		_, err := tr.DirectRoundTrip(get(t, "http://other.invalid/"), nil)
+		if transport.PhaseOf(err) != worker.PhaseDial {
+			t.Fatalf("err = %v", err)
+		}
+		if _, err := tr.DirectConnect(context.Background(), nil); transport.PhaseOf(err) != worker.PhaseDial {
+			t.Fatalf("err = %v", err)
+		}
+	})
+	t.Run("connect", func(t *testing.T) {
+		echo := gwtest.NewEchoServer(t)
+		c, err := tr.DirectConnect(context.Background(), []netip.AddrPort{netip.MustParseAddrPort(echo)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		_, _ = io.WriteString(c, "hi")
+		_ = c.(*net.TCPConn).CloseWrite()
+		if got, _ := io.ReadAll(c); string(got) != "hi" {
+			t.Fatalf("echo %q", got)
+		}
+	})
 }
