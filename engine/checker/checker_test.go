@@ -3,6 +3,7 @@ package checker
 import (
 	"context"
 	"net"
+	"runtime"
 	"strconv"
 	"testing"
 	"time"
@@ -43,6 +44,7 @@ func TestBasicCheck(t *testing.T) {
 	cases := []struct {
 		name       string
 		probe      string
+		taskProbe  string
 		user, pass string
 		fault      testenv.UpstreamFault
 		timeout    time.Duration
@@ -52,6 +54,8 @@ func TestBasicCheck(t *testing.T) {
 	}{
 		{name: "ok self probe", user: "u", pass: "secret", wantOK: true, wantStatus: 200},
 		{name: "ok probe target", probe: target.Addr().String(), user: "u", pass: "secret", wantOK: true, wantStatus: 200},
+		{name: "ok task probe target", taskProbe: target.Addr().String(), probe: "127.0.0.1:1", user: "u", pass: "secret", wantOK: true, wantStatus: 200},
+		{name: "unreachable probe target", probe: "127.0.0.1:1", user: "u", pass: "secret", wantPhase: PhaseHandshake, wantStatus: 502},
 		{name: "wrong password 407", user: "u", pass: "nope", wantPhase: PhaseHandshake, wantStatus: 407},
 		{name: "no credentials 407", wantPhase: PhaseHandshake, wantStatus: 407},
 		{name: "fault 407", user: "u", pass: "secret", fault: testenv.FaultHandshake407, wantPhase: PhaseHandshake, wantStatus: 407},
@@ -66,7 +70,7 @@ func TestBasicCheck(t *testing.T) {
 			}
 			t.Cleanup(func() { _ = up.SetFault(testenv.FaultNone) })
 			c := New(Options{ProbeTarget: tc.probe})
-			obs := c.Check(context.Background(), Task{Proxy: proxyFor(t, up, tc.user, tc.pass), Timeout: tc.timeout})
+			obs := c.Check(context.Background(), Task{Proxy: proxyFor(t, up, tc.user, tc.pass), Timeout: tc.timeout, ProbeTarget: tc.taskProbe})
 			if obs.Success != tc.wantOK || obs.Phase != tc.wantPhase || obs.Status != tc.wantStatus {
 				t.Fatalf("obs = success %v phase %s status %d (%s); want %v %s %d", obs.Success, obs.Phase, obs.Status, obs.Err, tc.wantOK, tc.wantPhase, tc.wantStatus)
 			}
@@ -174,7 +178,7 @@ func TestSchedulerPriorityOrder(t *testing.T) {
 			t.Fatal("missing report")
 		}
 	}
-	if s.Pending("new-1") {
+	if s.Pending("new-1") || s.PendingKey(Key{ID: "new-1", Level: LevelBasic}) {
 		t.Fatal("a finished check is still pending")
 	}
 }
@@ -253,4 +257,74 @@ func TestSchedulerInFlightBound(t *testing.T) {
 	}
 	cancel()
 	<-done // running checks see the cancellation and Run waits for them
+}
+
+func TestSchedulerReloadsInFlightLimit(t *testing.T) {
+	g := newGate()
+	s := NewScheduler(SchedulerOptions{Executor: g, MaxInFlight: 1, QueueSize: 100})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = s.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	for i := range 6 {
+		if err := s.Submit(task("p"+strconv.Itoa(i), PriorityNormal)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recv(t, g.started)
+	s.SetMaxInFlight(3) // raised: two more start at once
+	recv(t, g.started)
+	recv(t, g.started)
+	if st := s.Stats(); st.InFlight != 3 || st.MaxInFlight != 3 {
+		t.Fatalf("stats = %+v", st)
+	}
+	// Lowered: running checks finish, nothing new starts until below it.
+	s.SetMaxInFlight(1)
+	g.release <- struct{}{}
+	g.release <- struct{}{}
+	deadline := time.Now().Add(5 * time.Second)
+	for s.Stats().InFlight != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("stats = %+v, want the two released checks finished", s.Stats())
+		}
+		runtime.Gosched()
+	}
+	// With one running and a limit of one, nothing may have started.
+	select {
+	case id := <-g.started:
+		t.Fatalf("%s started with 1 running and a limit of 1", id)
+	default:
+	}
+	g.release <- struct{}{}
+	recv(t, g.started)
+	if st := s.Stats(); st.InFlight != 1 {
+		t.Fatalf("in flight %d after lowering the limit to 1", st.InFlight)
+	}
+	for range 3 {
+		g.release <- struct{}{}
+	}
+}
+
+func TestSchedulerCoalescesPerLevelAndRouting(t *testing.T) {
+	s := NewScheduler(SchedulerOptions{Executor: newGate(), QueueSize: 10})
+	p := proxy.Proxy{ID: "p"}
+	for _, tk := range []Task{
+		{Proxy: p}, {Proxy: p, Level: LevelBasic}, // the same key
+		{Proxy: p, Level: LevelEgress},
+		{Proxy: p, Level: LevelTarget, Routing: "a"}, {Proxy: p, Level: LevelTarget, Routing: "b"},
+		{Proxy: p, Level: LevelTarget, Routing: "a"},
+	} {
+		if err := s.Submit(tk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := s.Stats(); st.QueuedNormal != 4 {
+		t.Fatalf("queued %d, want 4 (basic, egress, target a, target b)", st.QueuedNormal)
+	}
+	if !s.PendingKey(Key{ID: "p", Level: LevelTarget, Routing: "b"}) || s.PendingKey(Key{ID: "p", Level: LevelTarget, Routing: "c"}) || !s.Pending("p") {
+		t.Fatal("pending keys wrong")
+	}
+	if (Stats{QueuedHigh: 1, QueueSize: 10}).Backlogged() != true || (Stats{QueuedNormal: 4, QueueSize: 10}).Backlogged() || !(Stats{QueuedNormal: 5, QueueSize: 10}).Backlogged() {
+		t.Fatal("Backlogged thresholds wrong")
+	}
 }

@@ -3,17 +3,33 @@
 // deterministic reducer (engine/controller/health) turns observations into
 // lifecycle decisions (seed 000 §3.3, §13).
 //
-// It owns the BASIC check (TCP connect + proxy CONNECT handshake) and the
-// Scheduler: bounded in-flight checks fed by a bounded two-priority queue
-// where new and SUSPECT proxies go first and ordinary rechecks are shed
-// under backlog (seed 000 §18 "Checker 积压").
+// It owns the three check levels and the Scheduler:
+//
+//   - BASIC: TCP connect and a proxy CONNECT handshake to a probe target.
+//   - EGRESS: BASIC, then a GET through the proxy to an echo service; the
+//     observation carries the exit IP, whether one of our own addresses
+//     leaked (the exit itself, or any header the echo received) and which
+//     proxy-revealing headers (Via, X-Forwarded-For, Forwarded, …) arrived.
+//     Our own address is learned by one direct request to the echo
+//     service, cached for ten minutes, plus the local address of the
+//     connection to the proxy.
+//   - TARGET: a GET through the proxy to one routing's URL; only the
+//     expected status passes. Redirects are not followed.
+//
+// The Scheduler runs checks with a bounded, reloadable in-flight limit from
+// a bounded two-priority queue where new and SUSPECT proxies go first and
+// ordinary rechecks are shed under backlog (seed 000 §18 "Checker 积压").
+// One task per (proxy, level, routing) is queued or running at a time.
+//
+// Observations never carry credentials or the checked URL; bodies are read
+// up to 64 KiB and dropped after parsing.
 //
 // It must never import the activity pool, the management store or any
 // controller package: in a cluster it runs as its own process.
 //
 // Metrics (registered on the registry passed in):
 //
-//	proxypool_checker_checks_total{level,result}      checks executed
+//	proxypool_checker_checks_total{level,result}      checks executed (result: success, failure_<phase>)
 //	proxypool_checker_check_duration_seconds{level}   check latency
 //	proxypool_checker_queue_depth{priority}           queued tasks
 //	proxypool_checker_in_flight                        running checks

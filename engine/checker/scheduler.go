@@ -59,25 +59,35 @@ type Stats struct {
 	QueuedHigh, QueuedNormal int
 	InFlight                 int
 	Dropped, Refused         int64
+	// QueueSize and MaxInFlight are the bounds in force.
+	QueueSize, MaxInFlight int
+}
+
+// Backlogged reports whether checks are waiting for longer than they
+// should: a new or SUSPECT proxy is queued, or the queue is half full.
+// Planners then slow ordinary rechecks (seed 000 §18 "Checker 积压").
+func (st Stats) Backlogged() bool {
+	return st.QueuedHigh > 0 || st.QueuedHigh+st.QueuedNormal >= max(st.QueueSize/2, 1)
 }
 
 // Scheduler runs checks with bounded concurrency from a bounded queue. A
-// proxy has at most one task queued or running at a time.
+// proxy has at most one task per Key queued or running at a time.
 type Scheduler struct {
 	exec      Executor
 	report    func(Observation)
-	inflight  chan struct{}
 	queueSize int
 	wake      chan struct{}
 	m         *schedMetrics
 
-	mu      sync.Mutex
-	high    []Task
-	normal  []Task
-	pending map[proxy.ID]bool
-	running int
-	dropped int64
-	refused int64
+	mu       sync.Mutex
+	limit    int
+	high     []Task
+	normal   []Task
+	pending  map[Key]bool
+	perProxy map[proxy.ID]int
+	running  int
+	dropped  int64
+	refused  int64
 }
 
 // NewScheduler returns a Scheduler; Run starts it.
@@ -94,25 +104,46 @@ func NewScheduler(o SchedulerOptions) *Scheduler {
 	return &Scheduler{
 		exec:      o.Executor,
 		report:    o.Report,
-		inflight:  make(chan struct{}, o.MaxInFlight),
+		limit:     o.MaxInFlight,
 		queueSize: o.QueueSize,
 		wake:      make(chan struct{}, 1),
 		m:         newSchedMetrics(o.Registry),
-		pending:   make(map[proxy.ID]bool),
+		pending:   make(map[Key]bool),
+		perProxy:  make(map[proxy.ID]int),
 	}
 }
 
-// Submit queues t. A proxy already queued or running is coalesced (nil).
-// When the queue is full a normal task is dropped and a high one evicts the
-// oldest normal task, or is refused when there is none; both return
-// ErrQueueFull and are counted.
+// SetMaxInFlight changes the concurrency bound (reload). A lower bound
+// lets running checks finish and starts no new one until below it.
+func (s *Scheduler) SetMaxInFlight(n int) {
+	if n <= 0 {
+		n = DefaultMaxInFlight
+	}
+	s.mu.Lock()
+	s.limit = n
+	s.mu.Unlock()
+	s.poke()
+}
+
+func (s *Scheduler) poke() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Submit queues t. A task whose Key is already queued or running is
+// coalesced (nil). When the queue is full a normal task is dropped and a
+// high one evicts the oldest normal task, or is refused when there is
+// none; both return ErrQueueFull and are counted.
 func (s *Scheduler) Submit(t Task) error {
 	if t.Priority == 0 {
 		t.Priority = PriorityNormal
 	}
+	k := t.Key()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.pending[t.Proxy.ID] {
+	if s.pending[k] {
 		return nil
 	}
 	if len(s.high)+len(s.normal) >= s.queueSize {
@@ -123,7 +154,7 @@ func (s *Scheduler) Submit(t Task) error {
 		evicted := s.normal[0]
 		s.normal[0] = Task{}
 		s.normal = s.normal[1:]
-		delete(s.pending, evicted.Proxy.ID)
+		s.unpendLocked(evicted.Key())
 		s.countRejected(PriorityNormal)
 	}
 	if t.Priority == PriorityHigh {
@@ -131,13 +162,23 @@ func (s *Scheduler) Submit(t Task) error {
 	} else {
 		s.normal = append(s.normal, t)
 	}
-	s.pending[t.Proxy.ID] = true
+	s.pending[k] = true
+	s.perProxy[k.ID]++
 	s.gauges()
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
+	s.poke()
 	return nil
+}
+
+func (s *Scheduler) unpendLocked(k Key) {
+	if !s.pending[k] {
+		return
+	}
+	delete(s.pending, k)
+	if s.perProxy[k.ID] <= 1 {
+		delete(s.perProxy, k.ID)
+	} else {
+		s.perProxy[k.ID]--
+	}
 }
 
 func (s *Scheduler) countRejected(p Priority) {
@@ -149,18 +190,28 @@ func (s *Scheduler) countRejected(p Priority) {
 	s.m.dropped.WithLabelValues(p.String()).Inc()
 }
 
-// Pending reports whether id is queued or being checked.
+// Pending reports whether any task for id is queued or being checked.
 func (s *Scheduler) Pending(id proxy.ID) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.pending[id]
+	return s.perProxy[id] > 0
+}
+
+// PendingKey reports whether the task with key k is queued or running.
+func (s *Scheduler) PendingKey(k Key) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pending[k]
 }
 
 // Stats returns the current counts.
 func (s *Scheduler) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return Stats{QueuedHigh: len(s.high), QueuedNormal: len(s.normal), InFlight: s.running, Dropped: s.dropped, Refused: s.refused}
+	return Stats{
+		QueuedHigh: len(s.high), QueuedNormal: len(s.normal), InFlight: s.running,
+		Dropped: s.dropped, Refused: s.refused, QueueSize: s.queueSize, MaxInFlight: s.limit,
+	}
 }
 
 // Run dispatches queued tasks until ctx is done, then waits for running
@@ -169,20 +220,14 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {
-		select {
-		case s.inflight <- struct{}{}:
-		case <-ctx.Done():
-			return nil
-		}
 		t, ok := s.next()
-		for !ok {
+		if !ok {
 			select {
 			case <-s.wake:
+				continue
 			case <-ctx.Done():
-				<-s.inflight
 				return nil
 			}
-			t, ok = s.next()
 		}
 		wg.Add(1)
 		go func() {
@@ -196,18 +241,22 @@ func (s *Scheduler) Run(ctx context.Context) error {
 				s.report(obs)
 			}
 			s.mu.Lock()
-			delete(s.pending, t.Proxy.ID)
+			s.unpendLocked(t.Key())
 			s.running--
 			s.mu.Unlock()
-			<-s.inflight
+			s.poke()
 		}()
 	}
 }
 
-// next pops the highest-priority task.
+// next pops the highest-priority task if the in-flight bound allows one
+// more check.
 func (s *Scheduler) next() (Task, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.running >= s.limit {
+		return Task{}, false
+	}
 	var t Task
 	switch {
 	case len(s.high) > 0:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -78,10 +79,15 @@ type Controller struct {
 	last     atomic.Pointer[ReloadStatus]
 	runCtx   atomic.Pointer[context.Context]
 
+	auditMu      sync.Mutex
+	auditBacklog []management.AuditEntry
+	auditDropped int
+
 	sup    *provider.Supervisor
 	sched  *checker.Scheduler
 	health *health.Service
 	life   *pool.Lifecycle
+	inv    *pool.InventoryReader
 	sw     *ctlrouting.Switcher
 	pub    *distribution.Publisher
 	ext    *ctlext.Service
@@ -92,6 +98,9 @@ const (
 	maxProxyView    = 10000
 	maxUpstreamScan = 100000
 	hookTimeout     = 10 * time.Second
+	// maxAuditBacklog bounds the audit entries kept while the management
+	// store is down.
+	maxAuditBacklog = 1000
 )
 
 // New builds a controller for cfg. It fails if a provider plugin of cfg
@@ -130,7 +139,8 @@ func New(o Options) (*Controller, error) {
 	})
 	c.pub = distribution.New(distribution.Options{
 		Store: o.Pool, Cursors: o.Management, OnPublished: c.onPublished,
-		Now: o.Now, Logger: o.Logger.With("component", "distribution"), Registry: o.Registry,
+		Exclusions: func() map[string]map[proxy.ID]bool { return c.health.Exclusions() },
+		Now:        o.Now, Logger: o.Logger.With("component", "distribution"), Registry: o.Registry,
 		Every: o.Timing.Publish,
 	})
 	if o.Worker != nil {
@@ -141,11 +151,13 @@ func New(o Options) (*Controller, error) {
 	})
 	c.health = health.New(health.Options{
 		Store: o.Pool, Scheduler: c.sched, Policy: c.checkPolicy, OnChange: c.onHealthChange,
+		Targets: c.targets, OnTargetChange: func(string) { c.pub.Trigger() },
 		Now: o.Now, Logger: o.Logger.With("component", "health"), Registry: o.Registry,
 		SweepEvery: o.Timing.HealthSweep,
 	})
+	c.inv = pool.NewInventoryReader(o.Pool, c.workerMap)
 	c.sup = provider.NewSupervisor(provider.SupervisorOptions{
-		Store: o.Pool, Overrides: o.Management,
+		Store: o.Pool, Inventory: c.inv, Overrides: o.Management,
 		Depleted: c.onDepleted,
 		Admitted: func(ctx context.Context, _ string, ids []proxy.ID) { c.health.Schedule(ctx, ids) },
 		Now:      o.Now, Logger: o.Logger.With("component", "provider"), Registry: o.Registry,
@@ -219,7 +231,32 @@ func (c *Controller) checkPolicy(name string) (health.Policy, bool) {
 	if u == nil || !c.sup.Enabled(name) {
 		return health.Policy{}, false
 	}
-	return health.Policy{FailureThreshold: u.Check.FailureThreshold, Interval: u.Check.Interval, Timeout: u.Check.Timeout}, true
+	k := u.Check
+	probe := k.ProbeTarget
+	if probe == "" {
+		probe = c.o.ProbeTarget
+	}
+	return health.Policy{
+		FailureThreshold: k.FailureThreshold, Interval: k.Interval, Timeout: k.Timeout,
+		ProbeTarget: probe, EgressURL: k.EgressURL, Anonymity: health.ParseAnonymity(k.Anonymity),
+	}, true
+}
+
+// targets lists the routings' TARGET checks; proxies of disabled
+// upstreams get no task (checkPolicy refuses them).
+func (c *Controller) targets() []health.TargetSpec {
+	cfg := c.cfg.Load()
+	var out []health.TargetSpec
+	for _, r := range cfg.Routings {
+		if r.Check == nil {
+			continue
+		}
+		out = append(out, health.TargetSpec{
+			Routing: r.Name, Upstreams: r.Upstreams, URL: r.Check.URL,
+			ExpectStatus: r.Check.ExpectStatus, Interval: r.Check.Interval,
+		})
+	}
+	return out
 }
 
 func (c *Controller) workers() []worker.RuntimeReader {
@@ -227,6 +264,15 @@ func (c *Controller) workers() []worker.RuntimeReader {
 		return nil
 	}
 	return []worker.RuntimeReader{c.o.Worker}
+}
+
+// workerMap is every worker that reports its runtime, by ID: proxies owned
+// by any other owner count as zero free capacity.
+func (c *Controller) workerMap() map[string]worker.RuntimeReader {
+	if c.o.Worker == nil {
+		return nil
+	}
+	return map[string]worker.RuntimeReader{c.o.WorkerID: c.o.Worker}
 }
 
 func (c *Controller) baseCtx() context.Context {
@@ -253,13 +299,54 @@ func (c *Controller) onHealthChange(up string, from, to proxy.State) {
 	}
 }
 
-func (c *Controller) onDepleted(ctx context.Context, up string) {
+// onDepleted advances the routings on up; an error (management store
+// down) makes the provider runtime retry it every cycle.
+func (c *Controller) onDepleted(ctx context.Context, up string) error {
 	moved, err := c.sw.Depleted(ctx, up)
-	if err != nil {
-		c.log.Warn("advancing sequential routings", "upstream", up, "err", err)
-	}
 	if len(moved) > 0 {
 		c.pub.Trigger()
+	}
+	if err != nil {
+		return fmt.Errorf("advancing sequential routings off %s: %w", up, err)
+	}
+	return nil
+}
+
+// skipDisabled moves sequential routings off upstreams that are disabled
+// (by configuration or admin). A store failure is logged and retried by
+// the next maintenance pass.
+func (c *Controller) skipDisabled(ctx context.Context) {
+	for _, u := range c.cfg.Load().Upstreams {
+		if c.sup.Enabled(u.Name) {
+			continue
+		}
+		moved, err := c.sw.Disabled(ctx, u.Name)
+		if err != nil && ctx.Err() == nil {
+			c.log.Warn("moving sequential routings off a disabled upstream", "upstream", u.Name, "err", err)
+		}
+		if len(moved) > 0 {
+			c.pub.Trigger()
+		}
+	}
+}
+
+// maintain re-applies what a lost notification or a management store
+// outage may have left undone.
+func (c *Controller) maintain(ctx context.Context) error {
+	every := c.o.Timing.Reconcile
+	if every <= 0 {
+		every = provider.DefaultReconcileEvery
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		c.skipDisabled(ctx)
+		c.flushAudit(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
 	}
 }
 
@@ -273,7 +360,7 @@ func (c *Controller) onPublished(_ string, s *worker.Snapshot) {
 // waits for them to finish.
 func (c *Controller) Run(ctx context.Context) error {
 	c.runCtx.Store(&ctx)
-	loops := []func(context.Context) error{c.sup.Run, c.sched.Run, c.health.Run, c.life.Run, c.pub.Run}
+	loops := []func(context.Context) error{c.sup.Run, c.sched.Run, c.health.Run, c.life.Run, c.pub.Run, c.maintain}
 	var wg sync.WaitGroup
 	for _, run := range loops {
 		wg.Add(1)
@@ -316,6 +403,8 @@ func (c *Controller) Reload(ctx context.Context, cfg *config.Config, providers u
 	t := c.o.Now()
 	c.loadedAt.Store(&t)
 	c.applyView(cfg)
+	c.sched.SetMaxInFlight(checkInFlight(cfg))
+	c.skipDisabled(ctx)
 	c.life.Signal()
 	c.pub.Trigger()
 	c.log.Info("configuration reloaded", "source", cfg.Source, "upstreams", len(cfg.Upstreams), "routings", len(cfg.Routings))
@@ -343,14 +432,55 @@ func (c *Controller) RecordReload(actor string, err error) {
 
 // audit appends an entry; a failure is logged, not returned: the audited
 // operation already happened (or failed on its own).
+//
+// An entry the store refuses (it is down) is kept, up to maxAuditBacklog,
+// and written with its original time once the store answers again, so a
+// reload or a failed attempt made during an outage is not lost from the
+// audit log.
 func (c *Controller) audit(ctx context.Context, actor, action, target string, opErr error) {
 	result := "ok"
 	if opErr != nil {
 		result = opErr.Error()
 	}
 	e := management.AuditEntry{At: c.o.Now(), Actor: actor, Action: action, Target: target, Result: result}
-	if err := c.o.Management.AppendAudit(ctx, e); err != nil {
-		c.log.Warn("writing audit entry", "action", action, "target", target, "err", err)
+	c.auditMu.Lock()
+	defer c.auditMu.Unlock()
+	if err := c.flushAuditLocked(ctx); err == nil {
+		err = c.o.Management.AppendAudit(ctx, e)
+		if err == nil {
+			return
+		}
+		c.log.Warn("writing audit entry; kept for retry", "action", action, "target", target, "err", err)
+	}
+	if len(c.auditBacklog) >= maxAuditBacklog {
+		c.auditDropped++
+		c.auditBacklog = c.auditBacklog[1:]
+	}
+	c.auditBacklog = append(c.auditBacklog, e)
+}
+
+// flushAuditLocked writes the kept entries in order; it stops at the first
+// failure.
+func (c *Controller) flushAuditLocked(ctx context.Context) error {
+	for len(c.auditBacklog) > 0 {
+		if err := c.o.Management.AppendAudit(ctx, c.auditBacklog[0]); err != nil {
+			return err
+		}
+		c.auditBacklog[0] = management.AuditEntry{}
+		c.auditBacklog = c.auditBacklog[1:]
+	}
+	if c.auditDropped > 0 {
+		c.log.Error("audit entries lost while the management store was down", "count", c.auditDropped)
+		c.auditDropped = 0
+	}
+	return nil
+}
+
+func (c *Controller) flushAudit(ctx context.Context) {
+	c.auditMu.Lock()
+	defer c.auditMu.Unlock()
+	if len(c.auditBacklog) > 0 {
+		_ = c.flushAuditLocked(ctx)
 	}
 }
 
@@ -362,9 +492,27 @@ func unavailable(what string, err error) error {
 	return fmt.Errorf("%s: %w: %w", what, management.ErrUnavailable, err)
 }
 
-// Extract performs one exclusive extraction; see extraction.Service.
+// Extract performs one exclusive extraction; see extraction.Service. It
+// never waits for a vendor: what the pool holds is what it hands out; the
+// upstreams it drew from (or, when short, every upstream the request
+// allows) are only signalled to re-plan in the background.
 func (c *Controller) Extract(ctx context.Context, req extraction.Request) (extraction.Result, error) {
-	return c.ext.Extract(ctx, req)
+	res, err := c.ext.Extract(ctx, req)
+	signalled := map[string]bool{}
+	for i := range res.Proxies {
+		if up := res.Proxies[i].Upstream; !signalled[up] {
+			signalled[up] = true
+			c.sup.Signal(up)
+		}
+	}
+	if err != nil || res.Returned < req.Count {
+		for _, u := range c.cfg.Load().Upstreams {
+			if !signalled[u.Name] && (len(req.Filters.Upstreams) == 0 || slices.Contains(req.Filters.Upstreams, u.Name)) {
+				c.sup.Signal(u.Name)
+			}
+		}
+	}
+	return res, err
 }
 
 // SetUpstreamEnabled writes an admin override, audits it and applies it:
@@ -376,7 +524,9 @@ func (c *Controller) SetUpstreamEnabled(ctx context.Context, actor, name string,
 		action = "upstream.enable"
 	}
 	if c.cfg.Load().Upstream(name) == nil {
-		return fmt.Errorf("setting upstream %q: %w", name, ErrUnknownUpstream)
+		err := fmt.Errorf("setting upstream %q: %w", name, ErrUnknownUpstream)
+		c.audit(ctx, actor, action, name, err)
+		return err
 	}
 	err := c.o.Management.SetUpstreamEnabled(ctx, name, enabled)
 	c.audit(ctx, actor, action, name, err)
@@ -385,6 +535,13 @@ func (c *Controller) SetUpstreamEnabled(ctx context.Context, actor, name string,
 	}
 	c.sup.SetEnabled(name, enabled)
 	c.applyView(c.cfg.Load())
+	if !enabled {
+		if _, err := c.sw.Disabled(ctx, name); err != nil {
+			// The override is in force; the maintenance loop moves the
+			// routings once the store answers.
+			c.log.Warn("moving sequential routings off a disabled upstream", "upstream", name, "err", err)
+		}
+	}
 	c.pub.Trigger()
 	c.life.Signal()
 	return nil
@@ -393,12 +550,9 @@ func (c *Controller) SetUpstreamEnabled(ctx context.Context, actor, name string,
 // SwitchRouting moves a sequential routing to the upstream at index.
 func (c *Controller) SwitchRouting(ctx context.Context, actor, name string, index int) error {
 	_, err := c.sw.Switch(ctx, name, index)
-	if errors.Is(err, ErrUnknownRouting) {
-		return err
-	}
 	c.audit(ctx, actor, "routing.switch", fmt.Sprintf("%s[%d]", name, index), err)
 	switch {
-	case errors.Is(err, ErrInvalidSwitch):
+	case errors.Is(err, ErrUnknownRouting), errors.Is(err, ErrInvalidSwitch):
 		return err
 	case err != nil:
 		return unavailable("switching routing", err)
@@ -407,8 +561,7 @@ func (c *Controller) SwitchRouting(ctx context.Context, actor, name string, inde
 	return nil
 }
 
-// Audit returns the latest audit entries, newest last as the store keeps
-// them.
+// Audit returns the latest audit entries, newest first.
 func (c *Controller) Audit(ctx context.Context, limit int) ([]management.AuditEntry, error) {
 	es, err := c.o.Management.ListAudit(ctx, limit)
 	if err != nil {
@@ -486,7 +639,7 @@ func (c *Controller) Upstreams(ctx context.Context) ([]UpstreamStatus, error) {
 	now := c.o.Now()
 	out := make([]UpstreamStatus, 0, len(cfg.Upstreams))
 	for _, u := range cfg.Upstreams {
-		inv, err := c.o.Pool.Inventory(ctx, u.Name, now)
+		inv, err := c.inv.Inventory(ctx, u.Name, now)
 		if err != nil {
 			return nil, fmt.Errorf("reading inventory of %s: %w", u.Name, err)
 		}
@@ -503,7 +656,7 @@ func (c *Controller) Upstreams(ctx context.Context) ([]UpstreamStatus, error) {
 			Managed: inv.Managed, Available: inv.Available, AvailableSlots: inv.AvailableSlots, Pending: inv.Pending,
 		}
 		fs, running := c.sup.Status(u.Name)
-		us.Fetch = fetchStatus(fs)
+		us.Fetch = fetchStatus(fs, now)
 		if !running && us.Fetch.Stopped == "" && !us.Enabled {
 			us.Fetch.Stopped = "disabled"
 		}
@@ -512,7 +665,7 @@ func (c *Controller) Upstreams(ctx context.Context) ([]UpstreamStatus, error) {
 	return out, nil
 }
 
-func fetchStatus(s provider.Status) FetchStatus {
+func fetchStatus(s provider.Status, now time.Time) FetchStatus {
 	f := FetchStatus{
 		Calls: s.Calls, Success: s.Success, Empty: s.Empty, DuplicateOnly: s.DuplicateOnly, Errors: s.Errors,
 		ConsecutiveEmpty: s.ConsecutiveEmpty, ConsecutiveError: s.ConsecutiveErrors, TotalFetched: s.TotalFetched,
@@ -522,7 +675,8 @@ func fetchStatus(s provider.Status) FetchStatus {
 		t := s.LastFetchAt
 		f.LastFetchAt = &t
 	}
-	if !s.BackoffUntil.IsZero() && s.BackoffUntil.After(s.LastFetchAt) {
+	// Backoff is reported while it lasts: the next call waits until then.
+	if s.BackoffUntil.After(now) {
 		t := s.BackoffUntil
 		f.BackoffUntil = &t
 	}
@@ -552,6 +706,50 @@ func (c *Controller) Routings(ctx context.Context) ([]RoutingStatus, error) {
 		out = append(out, rs)
 	}
 	return out, nil
+}
+
+// Checker returns the health-check queue's state.
+func (c *Controller) Checker() CheckerStatus {
+	ks := c.sched.Stats()
+	return CheckerStatus{
+		QueuedHigh: ks.QueuedHigh, QueuedNormal: ks.QueuedNormal, QueueSize: ks.QueueSize,
+		InFlight: ks.InFlight, MaxInFlight: ks.MaxInFlight, Dropped: ks.Dropped, Refused: ks.Refused,
+		Deferred: c.health.Deferred(), Backlogged: ks.Backlogged(),
+	}
+}
+
+// FetchDetail returns an upstream's in-flight calls, maxTotal ledger and
+// pending depletion.
+func (c *Controller) FetchDetail(name string) (FetchDetail, error) {
+	u := c.cfg.Load().Upstream(name)
+	if u == nil {
+		return FetchDetail{}, fmt.Errorf("reading upstream %q: %w", name, ErrUnknownUpstream)
+	}
+	s, _ := c.sup.Status(name)
+	return FetchDetail{InFlight: s.InFlight, MaxTotal: u.Fetch.MaxTotal, MaxTotalUsed: s.LedgerUsed, DepletionPending: s.DepletionPending}, nil
+}
+
+// ProxyHealth returns what the EGRESS and TARGET checks know about id.
+func (c *Controller) ProxyHealth(id proxy.ID) ProxyHealth {
+	var h ProxyHealth
+	if e, ok := c.health.Egress(id); ok {
+		h.ExitIP, h.Anonymity = e.ExitIP, e.Anonymity.String()
+	}
+	h.ExcludedRoutings = c.health.ExcludedFrom(id)
+	return h
+}
+
+// RoutingExclusions returns, per routing with a TARGET check, the proxies
+// it currently excludes (what snapshots carry as RoutingExclusions).
+func (c *Controller) RoutingExclusions() map[string][]proxy.ID {
+	out := map[string][]proxy.ID{}
+	for r, ids := range c.health.Exclusions() {
+		for id := range ids {
+			out[r] = append(out[r], id)
+		}
+		slices.Sort(out[r])
+	}
+	return out
 }
 
 var _ ctlext.Publisher = (*distribution.Publisher)(nil)

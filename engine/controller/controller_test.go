@@ -81,21 +81,46 @@ func parseConfig(t *testing.T, upstreams, routings string) *config.Config {
 
 func startWorld(t *testing.T, cfg *config.Config, vendors map[string]*testenv.Vendor) *world {
 	t.Helper()
+	return startWorldWith(t, cfg, worldOptions{vendors: vendors})
+}
+
+// worldOptions varies a world: wrap replaces the management store with a
+// wrapper of the embedded one, providers replaces the vendor adapter, and
+// beforeRun runs after New and before Run (seed the pool, arm a gate).
+type worldOptions struct {
+	vendors   map[string]*testenv.Vendor
+	wrap      func(management.Store) management.Store
+	providers ctltest.Providers
+	beforeRun func(wd *world)
+}
+
+func startWorldWith(t *testing.T, cfg *config.Config, o worldOptions) *world {
+	t.Helper()
 	mgmt, err := embedded.OpenManagement(t.TempDir(), embedded.ManagementOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = mgmt.Close() })
-	wd := &world{pool: embedded.NewPool(embedded.PoolOptions{}), mgmt: mgmt, w: ctltest.NewWorker(), vendors: vendors, reg: prometheus.NewRegistry(), done: make(chan struct{})}
+	var store management.Store = mgmt
+	if o.wrap != nil {
+		store = o.wrap(mgmt)
+	}
+	if o.providers == nil {
+		o.providers = ctltest.Providers{"vendor": &ctltest.VendorAdapter{}}
+	}
+	wd := &world{pool: embedded.NewPool(embedded.PoolOptions{}), mgmt: mgmt, w: ctltest.NewWorker(), vendors: o.vendors, reg: prometheus.NewRegistry(), done: make(chan struct{})}
 	c, err := New(Options{
-		Config: cfg, Pool: wd.pool, Management: mgmt, Providers: ctltest.Providers{"vendor": &ctltest.VendorAdapter{}},
+		Config: cfg, Pool: wd.pool, Management: store, Providers: o.providers,
 		Worker: wd.w, Registry: wd.reg, Version: "test",
-		Timing: Timing{Publish: 50 * time.Millisecond, Lifecycle: 50 * time.Millisecond, HealthSweep: 50 * time.Millisecond, ProviderTick: 20 * time.Millisecond},
+		Timing: Timing{Publish: 50 * time.Millisecond, Lifecycle: 50 * time.Millisecond, HealthSweep: 50 * time.Millisecond, ProviderTick: 20 * time.Millisecond, Reconcile: 50 * time.Millisecond},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	wd.c = c
+	if o.beforeRun != nil {
+		o.beforeRun(wd)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	wd.cancel = cancel
 	go func() { _ = c.Run(ctx); close(wd.done) }()

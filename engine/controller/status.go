@@ -23,6 +23,20 @@ type Status struct {
 	LastReload     *ReloadStatus      `json:"lastReload,omitempty"`
 }
 
+// CheckerStatus is the health-check queue (seed 000 §18: under backlog
+// new and SUSPECT proxies go first and ordinary rechecks slow down).
+type CheckerStatus struct {
+	QueuedHigh   int   `json:"queuedHigh"`
+	QueuedNormal int   `json:"queuedNormal"`
+	QueueSize    int   `json:"queueSize"`
+	InFlight     int   `json:"inFlight"`
+	MaxInFlight  int   `json:"maxInFlight"`
+	Dropped      int64 `json:"dropped"`  // ordinary rechecks shed by a full queue
+	Refused      int64 `json:"refused"`  // new/SUSPECT checks refused by a full queue (retried)
+	Deferred     int64 `json:"deferred"` // ordinary rechecks postponed under backlog
+	Backlogged   bool  `json:"backlogged"`
+}
+
 // SnapshotStatus describes the last snapshot published to workers.
 type SnapshotStatus struct {
 	Version     uint64    `json:"version"`
@@ -78,8 +92,20 @@ type FetchStatus struct {
 	LastOutcome      string     `json:"lastOutcome,omitempty"`
 	LastError        string     `json:"lastError,omitempty"`
 	LastFetchAt      *time.Time `json:"lastFetchAt,omitempty"`
-	BackoffUntil     *time.Time `json:"backoffUntil,omitempty"`
-	Stopped          string     `json:"stopped,omitempty"` // why fetching stopped (maxTotal, disabled)
+	BackoffUntil     *time.Time `json:"backoffUntil,omitempty"` // set while backing off
+	Stopped          string     `json:"stopped,omitempty"`      // why fetching stopped (maxTotal, disabled)
+}
+
+// FetchDetail is what the admin view of an upstream does not carry (yet):
+// the calls in flight, the maxTotal ledger and a pending depletion.
+type FetchDetail struct {
+	InFlight     int   `json:"inFlight"`
+	MaxTotal     int64 `json:"maxTotal"`     // fetch.maxTotal; 0 = unlimited
+	MaxTotalUsed int64 `json:"maxTotalUsed"` // charged against maxTotal
+	// DepletionPending: the empty threshold was reached but the routing
+	// switch could not be recorded yet (management store down); retried
+	// every cycle.
+	DepletionPending bool `json:"depletionPending"`
 }
 
 // RoutingStatus is one routing in GET /v1/admin/routings.
@@ -108,4 +134,15 @@ type ProxyView struct {
 	LastCheckedAt *time.Time `json:"lastCheckedAt,omitempty"`
 	Region        string     `json:"region,omitempty"`
 	Carrier       string     `json:"carrier,omitempty"`
+}
+
+// ProxyHealth is what the EGRESS and TARGET checks know about a proxy,
+// beyond its state.
+type ProxyHealth struct {
+	// ExitIP and Anonymity (transparent, anonymous, elite) come from the
+	// last successful EGRESS check; empty without check.egressURL.
+	ExitIP    string `json:"exitIP,omitempty"`
+	Anonymity string `json:"anonymity,omitempty"`
+	// ExcludedRoutings are the routings whose TARGET check excludes it.
+	ExcludedRoutings []string `json:"excludedRoutings,omitempty"`
 }

@@ -18,12 +18,12 @@ import (
 	"github.com/proxypool/proxypool/engine/config"
 	"github.com/proxypool/proxypool/engine/domain/routing"
 	"github.com/proxypool/proxypool/engine/domain/worker"
-	"github.com/proxypool/proxypool/engine/gateway/destguard"
 	"github.com/proxypool/proxypool/engine/gateway/dispatch"
 	"github.com/proxypool/proxypool/engine/gateway/ingress"
 	"github.com/proxypool/proxypool/engine/gateway/snapshot"
 	"github.com/proxypool/proxypool/engine/gateway/sticky"
 	"github.com/proxypool/proxypool/engine/gateway/transport"
+	"github.com/proxypool/proxypool/engine/netguard"
 )
 
 // DefaultStickyMaxEntries bounds a sticky routing's session bindings when
@@ -49,7 +49,7 @@ type Options struct {
 	MaxProxies int
 	// Resolver serves the destination guard; nil means
 	// net.DefaultResolver.
-	Resolver destguard.Resolver
+	Resolver netguard.Resolver
 	// OutcomeFlushInterval overrides OutcomeFlushInterval (tests).
 	OutcomeFlushInterval time.Duration
 }
@@ -67,7 +67,7 @@ func (e *VersionError) Error() string {
 type Gateway struct {
 	log      *slog.Logger
 	now      func() time.Time
-	resolver destguard.Resolver
+	resolver netguard.Resolver
 
 	reg     *snapshot.Registry
 	snaps   snapshot.Holder

@@ -24,8 +24,8 @@ import (
 	"github.com/proxypool/proxypool/engine/domain/routing"
 	"github.com/proxypool/proxypool/engine/domain/worker"
 	"github.com/proxypool/proxypool/engine/gateway"
-	"github.com/proxypool/proxypool/engine/gateway/destguard"
 	"github.com/proxypool/proxypool/engine/gateway/internal/gwtest"
+	"github.com/proxypool/proxypool/engine/netguard"
 	"github.com/proxypool/proxypool/testenv"
 )
 
@@ -77,7 +77,7 @@ func start(t *testing.T, yaml string) *harness {
 	return startWith(t, yaml, nil)
 }
 
-func startWith(t *testing.T, yaml string, resolver destguard.Resolver) *harness {
+func startWith(t *testing.T, yaml string, resolver netguard.Resolver) *harness {
 	t.Helper()
 	if yaml == "" {
 		yaml = baseConfig

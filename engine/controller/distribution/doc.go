@@ -2,10 +2,13 @@
 // 000 §11, §12.3): it assigns unowned AVAILABLE proxies to registered
 // workers (pool.SetOwner), re-reads what each worker owns, and pushes each
 // a complete worker.Snapshot with a monotonic version, ValidUntil = now +
-// maxStaleAge, the compiled routings, the sequential cursors and the
-// disabled upstreams. It publishes on a ticker and on demand. Proxies being
-// revoked for extraction are excluded from assignment and from every
-// snapshot until released, which is what lets extraction drain them.
+// maxStaleAge, the compiled routings, the sequential cursors, the
+// disabled upstreams and, per routing, the proxies its TARGET check
+// excluded (RoutingExclusions: the gateway must not allocate them for that
+// routing; other routings still may). It publishes on a ticker and on
+// demand. Proxies being revoked for extraction are excluded from
+// assignment and from every snapshot until released, which is what lets
+// extraction drain them.
 //
 // In standalone mode one worker, "local", is registered; the assignment
 // balances over any number of workers.

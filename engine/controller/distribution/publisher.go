@@ -55,11 +55,14 @@ type Options struct {
 	// "" when no worker is registered and the snapshot was only built). It
 	// must not block.
 	OnPublished func(workerID string, s *worker.Snapshot)
-	Now         func() time.Time
-	Logger      *slog.Logger
-	Registry    *prometheus.Registry
-	Every       time.Duration
-	MaxProxies  int
+	// Exclusions returns, per routing, proxies that routing must not use
+	// (failed TARGET checks); nil: none. Called once per publish.
+	Exclusions func() map[string]map[proxy.ID]bool
+	Now        func() time.Time
+	Logger     *slog.Logger
+	Registry   *prometheus.Registry
+	Every      time.Duration
+	MaxProxies int
 }
 
 // WorkerState is a registered worker as the publisher last saw it.
@@ -87,8 +90,10 @@ type Publisher struct {
 	workers []*registered
 	version uint64
 	cursors map[string]routing.Cursor // last known, for a store outage
-	last    atomic.Pointer[worker.Snapshot]
-	applied atomic.Uint64
+	// cursorDown marks routings whose cursor read is failing.
+	cursorDown map[string]bool
+	last       atomic.Pointer[worker.Snapshot]
+	applied    atomic.Uint64
 
 	exMu     sync.Mutex
 	excluded map[proxy.ID]int
@@ -105,6 +110,9 @@ func New(o Options) *Publisher {
 	if o.OnPublished == nil {
 		o.OnPublished = func(string, *worker.Snapshot) {}
 	}
+	if o.Exclusions == nil {
+		o.Exclusions = func() map[string]map[proxy.ID]bool { return nil }
+	}
 	if o.Every <= 0 {
 		o.Every = DefaultEvery
 	}
@@ -113,7 +121,7 @@ func New(o Options) *Publisher {
 	}
 	p := &Publisher{
 		o: o, trigger: make(chan struct{}, 1), m: newMetrics(o.Registry),
-		cursors: map[string]routing.Cursor{}, excluded: map[proxy.ID]int{},
+		cursors: map[string]routing.Cursor{}, cursorDown: map[string]bool{}, excluded: map[proxy.ID]int{},
 	}
 	p.view.Store(&View{MaxStaleAge: DefaultMaxStaleAge})
 	return p
@@ -264,9 +272,11 @@ func (p *Publisher) Publish(ctx context.Context) error {
 		Disabled:    view.Disabled,
 	}
 	p.m.version.Set(float64(p.version))
+	exclusions := p.o.Exclusions()
 	if len(p.workers) == 0 {
 		s := base
 		s.Proxies = byOwner[""]
+		s.RoutingExclusions = routingExclusions(view.Rules, exclusions, s.Proxies)
 		p.last.Store(&s)
 		p.applied.Store(s.Version)
 		p.o.OnPublished("", &s)
@@ -277,6 +287,7 @@ func (p *Publisher) Publish(ctx context.Context) error {
 	for i, w := range p.workers {
 		s := base
 		s.Proxies = byOwner[w.id]
+		s.RoutingExclusions = routingExclusions(view.Rules, exclusions, s.Proxies)
 		actx, cancel := context.WithTimeout(ctx, applyTimeout)
 		err := w.applier.Apply(actx, &s)
 		cancel()
@@ -302,6 +313,30 @@ func (p *Publisher) Publish(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// routingExclusions restricts the exclusions to the configured routings
+// and to the proxies this snapshot carries; nil when none applies.
+func routingExclusions(rules []routing.Rule, ex map[string]map[proxy.ID]bool, ps []proxy.Proxy) map[string][]proxy.ID {
+	if len(ex) == 0 || len(ps) == 0 {
+		return nil
+	}
+	var out map[string][]proxy.ID
+	for _, r := range rules {
+		ids := ex[r.Name]
+		if len(ids) == 0 {
+			continue
+		}
+		for i := range ps {
+			if ids[ps[i].ID] {
+				if out == nil {
+					out = map[string][]proxy.ID{}
+				}
+				out[r.Name] = append(out[r.Name], ps[i].ID)
+			}
+		}
+	}
+	return out
+}
+
 // readCursors returns the effective index of every sequential rule. A
 // store failure keeps the last known cursor (seed 000 §18: workers keep
 // routing while the management store is down).
@@ -313,12 +348,26 @@ func (p *Publisher) readCursors(ctx context.Context, rules []routing.Rule) map[s
 		}
 		c, err := p.o.Cursors.Cursor(ctx, r.Name)
 		if err != nil {
-			p.o.Logger.Warn("reading routing cursor; using last known", "routing", r.Name, "err", err)
+			// Logged once per outage, not once per publish.
+			if !p.cursorDown[r.Name] {
+				p.cursorDown[r.Name] = true
+				p.o.Logger.Warn("reading routing cursor; using the last known until the store answers", "routing", r.Name, "err", err)
+			}
 			c = p.cursors[r.Name]
 		} else {
+			if p.cursorDown[r.Name] {
+				delete(p.cursorDown, r.Name)
+				p.o.Logger.Info("routing cursor readable again", "routing", r.Name)
+			}
 			p.cursors[r.Name] = c
 		}
 		out[r.Name] = ctlrouting.Effective(c, len(r.Upstreams))
+	}
+	for name := range p.cursors { // routings removed by a reload
+		if _, ok := out[name]; !ok {
+			delete(p.cursors, name)
+			delete(p.cursorDown, name)
+		}
 	}
 	return out
 }

@@ -241,3 +241,51 @@ func TestRunPublishesOnTrigger(t *testing.T) {
 		t.Fatalf("version %d after a trigger, want 2", v)
 	}
 }
+
+func TestRoutingExclusionsPerWorker(t *testing.T) {
+	pool, ids := setup(t, 4)
+	ctx := context.Background()
+	w1, w2 := ctltest.NewWorker(), ctltest.NewWorker()
+	ex := map[string]map[proxy.ID]bool{
+		"shop":    {ids[0]: true, ids[1]: true},
+		"removed": {ids[2]: true}, // a routing no longer configured
+	}
+	p := New(Options{Store: pool, Cursors: &flakyCursors{}, Now: func() time.Time { return t0 },
+		Exclusions: func() map[string]map[proxy.ID]bool { return ex }})
+	p.SetView(View{Rules: ctlrouting.Compile([]config.Routing{
+		{Name: "shop", Upstreams: []string{"a"}, Strategy: "leastConnections", OnUnavailable: "reject"},
+		{Name: "news", Upstreams: []string{"a"}, Strategy: "leastConnections", OnUnavailable: "reject"},
+	})})
+	p.Register("w1", w1)
+	p.Register("w2", w2)
+	if err := p.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := map[proxy.ID]int{}
+	for _, w := range []*ctltest.Worker{w1, w2} {
+		s := w.Last()
+		if _, ok := s.RoutingExclusions["removed"]; ok || len(s.RoutingExclusions["news"]) != 0 {
+			t.Fatalf("exclusions = %v", s.RoutingExclusions)
+		}
+		for _, id := range s.RoutingExclusions["shop"] {
+			if !has(s, id) {
+				t.Fatalf("worker told to exclude %s it does not own", id)
+			}
+			got[id]++
+		}
+	}
+	if len(got) != 2 || got[ids[0]] != 1 || got[ids[1]] != 1 {
+		t.Fatalf("shop exclusions over both workers = %v, want %s and %s once each", got, ids[0], ids[1])
+	}
+	// Excluded proxies stay in the snapshot for every other routing.
+	if !has(w1.Last(), ids[0]) && !has(w2.Last(), ids[0]) {
+		t.Fatal("a proxy excluded from one routing left the snapshot")
+	}
+	ex = nil
+	if err := p.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if w1.Last().RoutingExclusions != nil || w2.Last().RoutingExclusions != nil {
+		t.Fatal("cleared exclusions still published")
+	}
+}

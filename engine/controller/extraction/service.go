@@ -219,11 +219,19 @@ func (s *Service) extract(ctx context.Context, req *extraction.Request) (extract
 	}
 	s.extractMu.Lock()
 	defer s.extractMu.Unlock()
-	unowned, owned, err := s.eligible(ctx, req)
+	unowned, owned, room, err := s.eligible(ctx, req)
 	if err != nil {
 		return extraction.Result{}, err
 	}
-	short := req.Count - len(unowned)
+	// What the store could hand out at most: the eligible ones, less what
+	// reserveForGateway keeps. Revoking beyond that would only take
+	// capacity from the gateway for nothing, and an allOrNothing request
+	// that cannot be filled must change nothing at all.
+	reachable := min(len(unowned)+len(owned), room)
+	if req.Fulfillment == extraction.AllOrNothing && reachable < req.Count {
+		return s.o.Store.Extract(ctx, *req)
+	}
+	short := min(req.Count, reachable) - len(unowned)
 	if short <= 0 || len(owned) == 0 {
 		return s.o.Store.Extract(ctx, *req)
 	}
@@ -246,13 +254,20 @@ func (s *Service) extract(ctx context.Context, req *extraction.Request) (extract
 	return s.o.Store.Extract(ctx, *req)
 }
 
-// eligible splits the eligible AVAILABLE proxies by ownership.
-func (s *Service) eligible(ctx context.Context, req *extraction.Request) (unowned, owned []proxy.Proxy, err error) {
+// eligible splits the eligible AVAILABLE proxies by ownership; room is how
+// many reserveForGateway lets go (the store counts usable AVAILABLE
+// proxies over the upstream filter, owned or not).
+func (s *Service) eligible(ctx context.Context, req *extraction.Request) (unowned, owned []proxy.Proxy, room int, err error) {
 	ps, err := s.o.Store.List(ctx, activitypool.Filter{States: []proxy.State{proxy.StateAvailable}, Limit: listLimit})
 	if err != nil {
-		return nil, nil, fmt.Errorf("listing proxies for extraction: %w", err)
+		return nil, nil, 0, fmt.Errorf("listing proxies for extraction: %w", err)
 	}
+	usable := 0
+	upstreams := extraction.Filters{Upstreams: req.Filters.Upstreams}
 	for i := range ps {
+		if upstreams.Eligible(&ps[i], req.Now) {
+			usable++
+		}
 		if !req.Filters.Eligible(&ps[i], req.Now) {
 			continue
 		}
@@ -262,7 +277,11 @@ func (s *Service) eligible(ctx context.Context, req *extraction.Request) (unowne
 			owned = append(owned, ps[i])
 		}
 	}
-	return unowned, owned, nil
+	room = len(ps) + 1 // no reserve: never the limit
+	if req.ReserveForGateway > 0 {
+		room = max(usable-req.ReserveForGateway, 0)
+	}
+	return unowned, owned, room, nil
 }
 
 // pickRevocable chooses n owned proxies, idle ones first, then the ones

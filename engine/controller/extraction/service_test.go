@@ -169,8 +169,16 @@ func TestAllOrNothingShortChangesNothing(t *testing.T) {
 	if !errors.As(err, &ins) || ins.Requested != 3 {
 		t.Fatalf("err = %v", err)
 	}
-	// The revoked proxies were cleared of ownership but not extracted; the
-	// next publish hands them back to the gateway.
+	// Nothing changed: no proxy was revoked from the gateway for a request
+	// that could not be filled.
+	for _, id := range e.ids {
+		if p, _ := e.pool.Get(context.Background(), id); p.Owner != "local" || p.State != proxy.StateAvailable {
+			t.Fatalf("%s after a refused allOrNothing: owner %q state %s", id, p.Owner, p.State)
+		}
+	}
+	if c := e.svc.Counters(); c.Revoked != 0 {
+		t.Fatalf("revoked %d for a request that could not be filled", c.Revoked)
+	}
 	if err := e.pub.Publish(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -261,6 +269,15 @@ func TestReserveForGateway(t *testing.T) {
 	}
 	if res.Returned != 2 {
 		t.Fatalf("returned %d, want 2 (5 minus a gateway reserve of 3)", res.Returned)
+	}
+	// Only what could be extracted was revoked: the reserve stays with the
+	// gateway.
+	if c := e.svc.Counters(); c.Revoked != 2 {
+		t.Fatalf("revoked %d, want 2", c.Revoked)
+	}
+	_ = e.pub.Publish(context.Background())
+	if n := len(e.w.Last().Proxies); n != 3 {
+		t.Fatalf("gateway keeps %d proxies, want the reserve of 3", n)
 	}
 }
 

@@ -105,3 +105,78 @@ func TestNextRecheckJitter(t *testing.T) {
 		t.Fatalf("jitter spreads 200 proxies over only %d offsets", len(seen))
 	}
 }
+
+func TestReduceEgressAnonymityPolicy(t *testing.T) {
+	egress := func(leaked bool, headers ...string) checker.Observation {
+		return checker.Observation{Level: checker.LevelEgress, Success: true, AddressLeaked: leaked, ProxyHeaders: headers}
+	}
+	elite, anon, transparent := egress(false), egress(false, "Via"), egress(true, "X-Forwarded-For")
+	failed := checker.Observation{Level: checker.LevelEgress, Phase: checker.PhaseEcho}
+	cases := []struct {
+		name    string
+		obs     checker.Observation
+		require Anonymity
+		want    proxy.State
+	}{
+		{"elite meets elite", elite, Elite, proxy.StateAvailable},
+		{"anonymous fails elite", anon, Elite, proxy.StateChecking},
+		{"anonymous meets default", anon, 0, proxy.StateAvailable},
+		{"transparent fails default", transparent, 0, proxy.StateChecking},
+		{"transparent fails anonymous", transparent, Anonymous, proxy.StateChecking},
+		{"transparent accepted when allowed", transparent, Transparent, proxy.StateAvailable},
+		{"failed check never passes", failed, Transparent, proxy.StateChecking},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got, _ := Reduce(proxy.StateChecking, 0, c.obs, Policy{FailureThreshold: 3, Anonymity: c.require})
+			if got != c.want {
+				t.Fatalf("Reduce = %s, want %s", got, c.want)
+			}
+		})
+	}
+	for _, c := range []struct {
+		obs  checker.Observation
+		want Anonymity
+	}{{elite, Elite}, {anon, Anonymous}, {transparent, Transparent}} {
+		if g := Grade(c.obs); g != c.want {
+			t.Errorf("Grade(%+v) = %s, want %s", c.obs, g, c.want)
+		}
+	}
+	for s, want := range map[string]Anonymity{"elite": Elite, "transparent": Transparent, "anonymous": Anonymous, "": Anonymous} {
+		if got := ParseAnonymity(s); got != want {
+			t.Errorf("ParseAnonymity(%q) = %s", s, got)
+		}
+	}
+}
+
+func TestReduceTargetAffectsOnlyTheRouting(t *testing.T) {
+	at := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	fail := checker.Observation{Level: checker.LevelTarget, Routing: "shop", Phase: checker.PhaseStatus, Status: 403, At: at}
+	ok := checker.Observation{Level: checker.LevelTarget, Routing: "shop", Success: true, At: at}
+	pol := Policy{FailureThreshold: 2}
+	// The proxy's own state never moves on a TARGET observation.
+	for _, s := range proxy.States() {
+		if got, n := Reduce(s, 1, fail, pol); got != s || n != 1 {
+			t.Fatalf("TARGET failure moved %s to %s", s, got)
+		}
+	}
+	cases := []struct {
+		name string
+		prev TargetHealth
+		obs  checker.Observation
+		want TargetHealth
+	}{
+		{"first failure counts", TargetHealth{}, fail, TargetHealth{Fails: 1, CheckedAt: at}},
+		{"threshold excludes", TargetHealth{Fails: 1}, fail, TargetHealth{Fails: 2, Excluded: true, CheckedAt: at}},
+		{"stays excluded", TargetHealth{Fails: 2, Excluded: true}, fail, TargetHealth{Fails: 3, Excluded: true, CheckedAt: at}},
+		{"a pass readmits", TargetHealth{Fails: 5, Excluded: true}, ok, TargetHealth{CheckedAt: at}},
+		{"other levels ignored", TargetHealth{Fails: 1}, checker.Observation{Level: checker.LevelBasic}, TargetHealth{Fails: 1}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := ReduceTarget(c.prev, c.obs, pol); got != c.want {
+				t.Fatalf("ReduceTarget = %+v, want %+v", got, c.want)
+			}
+		})
+	}
+}

@@ -7,6 +7,13 @@
 // declared UNHEALTHY. Each tick does bounded work and signals the provider
 // runtime of every upstream whose inventory dropped.
 //
+// It also owns InventoryReader, the authoritative inventory the provider
+// runtimes plan from (seed 000 §8): Managed and Pending from the store,
+// Available and AvailableSlots from each usable AVAILABLE proxy's real free
+// capacity — MaxConcurrency minus the owning worker's active and reserved,
+// zero for a worker that does not report, the whole MaxConcurrency for an
+// unowned proxy.
+//
 // It must never import a concrete store or the gateway: it reads worker
 // counts through worker.RuntimeReader.
 //

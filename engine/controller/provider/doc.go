@@ -10,6 +10,16 @@
 // the store) and the fetch.maxTotal ledger. A client request never triggers
 // a fetch.
 //
+// The Supervisor pre-checks every runtime it would start or replace
+// (Precheck: the adapter builds a request, the URL is http(s), a literal
+// address passes the guard) before it publishes a new generation, keeps
+// the ledgers and the cumulative counters (Tally) across runtime
+// replacement, and re-reads admin overrides on a low-frequency reconcile
+// that repairs lost notifications. A depletion the routing switcher could
+// not record (management store down) is retried every cycle while the run
+// of empties lasts. Status.LastError is a fixed class, never the adapter's
+// or vendor's text; a vendor answer is dropped once converted.
+//
 // It must never import a concrete store, the gateway or the HTTP API
 // adapters, and never log a secret, a response body or a proxy password.
 //

@@ -7,30 +7,27 @@ import (
 	"net/netip"
 	"strings"
 	"syscall"
+
+	"github.com/proxypool/proxypool/engine/netguard"
 )
 
 // errDeniedDestination is returned for an address the controller must not
-// reach or hand out. A shared SSRF guard will replace this small one.
+// reach or hand out.
 var errDeniedDestination = errors.New("destination address not allowed")
 
-var cgnat = netip.MustParsePrefix("100.64.0.0/10")
-
-// checkIP refuses addresses that point into the host or its networks:
-// loopback (unless allowLoopback), private, link-local (cloud metadata
-// included), CGNAT, multicast and unspecified.
+// checkIP refuses addresses that point into the host or its networks, with
+// the same classifier the gateway uses for its destinations: loopback
+// (unless allowLoopback), private, link-local and cloud metadata, CGNAT,
+// multicast, unspecified, and the IPv6 forms that embed such an address.
 func checkIP(ip netip.Addr, allowLoopback bool) error {
-	ip = ip.Unmap()
+	c := netguard.Classify(ip)
 	switch {
-	case ip.IsLoopback():
-		if allowLoopback {
-			return nil
-		}
-		return fmt.Errorf("%w: %s is loopback", errDeniedDestination, ip)
-	case ip.IsUnspecified(), ip.IsPrivate(), ip.IsLinkLocalUnicast(), ip.IsLinkLocalMulticast(),
-		ip.IsInterfaceLocalMulticast(), ip.IsMulticast(), cgnat.Contains(ip):
-		return fmt.Errorf("%w: %s is not a public address", errDeniedDestination, ip)
+	case !c.Internal():
+		return nil
+	case c == netguard.Loopback && allowLoopback:
+		return nil
 	}
-	return nil
+	return fmt.Errorf("%w: %s is not a public address (%s)", errDeniedDestination, ip, c)
 }
 
 // dialControl checks the address actually being dialled, after DNS, so a
@@ -58,10 +55,7 @@ func dialControl(allowLoopback bool) func(network, address string, _ syscall.Raw
 // number ("2130706433", "0x7f.1") are judged.
 func checkCandidateHost(host string, allowLoopback bool) error {
 	h := strings.TrimSuffix(strings.TrimSuffix(strings.TrimPrefix(host, "["), "]"), ".")
-	if ip, err := netip.ParseAddr(h); err == nil {
-		if ip.Zone() != "" {
-			return fmt.Errorf("%w: scoped address %s", errDeniedDestination, h)
-		}
+	if ip, ok := netguard.ParseHost(h); ok {
 		return checkIP(ip, allowLoopback)
 	}
 	lower := strings.ToLower(h)

@@ -26,8 +26,15 @@ import (
 
 // Store is the part of the activity pool a runtime needs.
 type Store interface {
-	Inventory(ctx context.Context, upstream string, now time.Time) (upstream.Inventory, error)
+	InventorySource
 	Admit(ctx context.Context, upstream string, ps []proxy.Proxy, maxSize int) (activitypool.AdmitResult, error)
+}
+
+// InventorySource returns an upstream's inventory; the controller passes
+// pool.InventoryReader, which subtracts the workers' active and reserved
+// capacity from the store's counts.
+type InventorySource interface {
+	Inventory(ctx context.Context, upstream string, now time.Time) (upstream.Inventory, error)
 }
 
 // Bounds of a runtime.
@@ -54,10 +61,17 @@ type RuntimeOptions struct {
 	AllowLoopback bool
 	Adapter       upstream.Adapter
 	Store         Store
-	Ledger        *Ledger // nil: a fresh one from fetch.maxTotal
-	Metrics       *Metrics
-	// Depleted is called once when consecutive empties reach the threshold.
-	Depleted func(ctx context.Context, upstream string)
+	// Inventory overrides Store's inventory (nil: Store).
+	Inventory InventorySource
+	Ledger    *Ledger // nil: a fresh one from fetch.maxTotal
+	// Tally keeps the cumulative counters across runtime replacement (nil:
+	// a fresh one).
+	Tally   *Tally
+	Metrics *Metrics
+	// Depleted is called when consecutive empties reach the threshold. An
+	// error (the management store is down) is retried on every cycle until
+	// it succeeds or the run of empties ends.
+	Depleted func(ctx context.Context, upstream string) error
 	// Admitted receives the IDs of newly admitted proxies (to be checked).
 	Admitted func(ctx context.Context, upstream string, ids []proxy.ID)
 	// HTTPClient overrides the guarded client (tests of the guard itself
@@ -77,9 +91,27 @@ type Status struct {
 	TotalFetched                                 int64 // proxies admitted as new
 	LedgerUsed                                   int64
 	InFlight                                     int
-	LastOutcome, LastError                       string
-	LastFetchAt, BackoffUntil                    time.Time
-	Stopped                                      string
+	// LastError is a fixed description of the last Error's class, never
+	// an adapter's or vendor's text (which may quote bodies or addresses).
+	LastOutcome, LastError    string
+	LastFetchAt, BackoffUntil time.Time
+	Stopped                   string
+	// DepletionPending: the empty threshold was reached and the routing
+	// switch has not been recorded yet (retried every cycle).
+	DepletionPending bool
+}
+
+// Tally is an upstream's cumulative fetch record. It outlives runtime
+// replacement (reload, disable/enable) so the admin view never resets.
+type Tally struct {
+	mu sync.Mutex
+	st Status
+}
+
+func (t *Tally) snapshot() Status {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.st
 }
 
 // Runtime fetches for one upstream. Create with NewRuntime, start with Run.
@@ -98,7 +130,10 @@ type Runtime struct {
 	pending      int // proxies expected from calls in flight
 	counters     upstream.Counters
 	backoffUntil time.Time
-	st           Status
+	stopped      string
+	// depletePending: the threshold was reached but the Depleted hook
+	// failed; retried each cycle while the run of empties lasts.
+	depletePending bool
 }
 
 // NewRuntime builds a runtime; nothing runs until Run.
@@ -122,7 +157,13 @@ func NewRuntime(o RuntimeOptions) *Runtime {
 		o.Ledger = NewLedger(o.Upstream.Fetch.MaxTotal)
 	}
 	if o.Depleted == nil {
-		o.Depleted = func(context.Context, string) {}
+		o.Depleted = func(context.Context, string) error { return nil }
+	}
+	if o.Inventory == nil {
+		o.Inventory = o.Store
+	}
+	if o.Tally == nil {
+		o.Tally = &Tally{}
 	}
 	if o.Admitted == nil {
 		o.Admitted = func(context.Context, string, []proxy.ID) {}
@@ -181,14 +222,17 @@ func (r *Runtime) Signal() {
 	}
 }
 
-// Status returns a copy of the runtime's state.
+// Status returns a copy of the runtime's state: the upstream's tally plus
+// this runtime's consecutive counters, backoff and calls in flight.
 func (r *Runtime) Status() Status {
+	s := r.o.Tally.snapshot()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	s := r.st
 	s.ConsecutiveEmpty = r.counters.ConsecutiveEmpty
 	s.ConsecutiveErrors = r.counters.ConsecutiveErrors
 	s.BackoffUntil = r.backoffUntil
+	s.DepletionPending = r.depletePending
+	s.Stopped = r.stopped
 	s.LedgerUsed = r.o.Ledger.Used()
 	s.InFlight = len(r.sem)
 	if r.o.Ledger.Exhausted() {
@@ -233,9 +277,10 @@ func (r *Runtime) cycle(ctx context.Context) time.Duration {
 		return r.o.Tick
 	}
 	now := r.o.Now()
+	r.retryDepletion(ctx)
 	if r.o.Ledger.Exhausted() {
 		r.mu.Lock()
-		r.st.Stopped = StoppedMaxTotal
+		r.stopped = StoppedMaxTotal
 		r.mu.Unlock()
 		return r.o.Tick
 	}
@@ -245,7 +290,7 @@ func (r *Runtime) cycle(ctx context.Context) time.Duration {
 	if d := until.Sub(now); d > 0 {
 		return min(d, r.o.Tick)
 	}
-	inv, err := r.o.Store.Inventory(ctx, r.name, now)
+	inv, err := r.o.Inventory.Inventory(ctx, r.name, now)
 	if err != nil {
 		r.o.Logger.Warn("reading inventory", "upstream", r.name, "err", err)
 		return r.o.Tick
@@ -293,14 +338,68 @@ func (r *Runtime) cycle(ctx context.Context) time.Duration {
 		<-r.sem
 		r.Signal()
 	}()
+	if grant < want && len(r.sem) < cap(r.sem) {
+		// More is wanted and another permit is free: plan again as soon as
+		// requestInterval allows rather than a whole tick later.
+		return min(max(r.o.Upstream.Fetch.RequestInterval, time.Millisecond), r.o.Tick)
+	}
 	return r.o.Tick
 }
+
+// retryDepletion calls the Depleted hook again if its last call failed
+// while the run of empties still stands.
+func (r *Runtime) retryDepletion(ctx context.Context) {
+	r.mu.Lock()
+	pending := r.depletePending
+	r.mu.Unlock()
+	if !pending {
+		return
+	}
+	hctx, cancel := context.WithTimeout(ctx, maxHookTime)
+	defer cancel()
+	r.deplete(hctx)
+}
+
+// deplete calls the Depleted hook and records whether it must be retried.
+func (r *Runtime) deplete(ctx context.Context) {
+	err := r.o.Depleted(ctx, r.name)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	was := r.depletePending
+	// A Success or DuplicateOnly meanwhile ended the run: nothing to retry.
+	r.depletePending = err != nil && r.counters.ConsecutiveEmpty >= r.o.Upstream.Fetch.EmptyThreshold
+	switch {
+	case r.depletePending && !was:
+		r.o.Logger.Warn("recording upstream depletion failed; retrying every cycle", "upstream", r.name, "err", err)
+	case was && err == nil:
+		r.o.Logger.Info("upstream depletion recorded after retries", "upstream", r.name)
+	}
+}
+
+// Error classes: the fixed text recorded as Status.LastError. Adapter and
+// vendor texts never leave the call: they may quote a body, and bodies hold
+// proxy addresses and passwords.
+const (
+	kindBuild     = "building the request failed"
+	kindTransport = "calling provider failed"
+	kindTimeout   = "calling provider timed out"
+	kindDenied    = "provider address not allowed"
+	kindRead      = "reading provider response failed"
+	kindSize      = "response larger than maxResponseBytes"
+	kindParse     = "parsing provider response failed"
+	kindAdmit     = "admitting proxies failed"
+)
 
 // callResult is the host's reading of one vendor call.
 type callResult struct {
 	candidates []proxy.Candidate
 	retryAfter time.Duration
 	err        error
+	// kind is the fixed description of err for the status (see kind*).
+	kind string
+	// logErr is what may be logged: err for host-side failures, the bare
+	// kind for adapter failures.
+	logErr error
 	// certain: the call's cost is known (no answer was sent, or the answer
 	// was read and parsed). Uncertain calls are charged as expected.
 	certain bool
@@ -329,6 +428,7 @@ func (r *Runtime) fetch(ctx context.Context, count int) {
 		r.o.Metrics.fetched.WithLabelValues(r.name).Add(float64(len(valid)))
 		r.o.Metrics.rejected.WithLabelValues(r.name).Add(float64(rejected))
 	}
+	res.candidates = nil // the vendor's answer is not kept beyond its use
 	est := r.o.Upstream.Fetch.EstimatedIPsPerCall
 	if failed {
 		r.o.Ledger.Settle(count, 0, res.certain, est)
@@ -341,42 +441,34 @@ func (r *Runtime) fetch(ctx context.Context, count int) {
 		if err != nil {
 			// The vendor delivered; the store lost them. Back off like an
 			// error so a broken store is not hammered with fresh batches.
-			failed, res.err = true, fmt.Errorf("admitting proxies: %w", err)
+			failed = true
+			res.err = fmt.Errorf("admitting proxies: %w", err)
+			res.kind, res.logErr = kindAdmit, res.err
 		}
 		r.o.Metrics.duplicates.WithLabelValues(r.name).Add(float64(admit.Duplicates))
 	}
-	outcome := upstream.Classify(failed, len(valid), len(admit.Added))
+	nValid := len(valid)
+	valid = nil
+	outcome := upstream.Classify(failed, nValid, len(admit.Added))
 	r.o.Metrics.fetches.WithLabelValues(r.name, outcome.String()).Inc()
 
 	r.mu.Lock()
 	var depleted bool
 	r.counters, depleted = r.counters.Apply(outcome, r.o.Upstream.Fetch.EmptyThreshold)
-	r.st.Calls++
-	r.st.LastOutcome = outcome.String()
-	r.st.LastFetchAt = now
-	r.st.TotalFetched += int64(len(admit.Added))
-	var wait time.Duration
-	switch outcome {
-	case upstream.Success:
-		r.st.Success++
-	case upstream.Empty:
-		r.st.Empty++
-	case upstream.DuplicateOnly:
-		r.st.DuplicateOnly++
-	case upstream.Error:
-		r.st.Errors++
-		r.st.LastError = res.err.Error()
-		wait = r.backoff(r.counters.ConsecutiveErrors)
+	if r.counters.ConsecutiveEmpty < r.o.Upstream.Fetch.EmptyThreshold {
+		r.depletePending = false // the run ended before a retry succeeded
 	}
-	if outcome != upstream.Error {
-		r.st.LastError = ""
+	var wait time.Duration
+	if outcome == upstream.Error {
+		wait = r.backoff(r.counters.ConsecutiveErrors)
 	}
 	wait = max(wait, min(res.retryAfter, maxRetryAfter))
 	r.backoffUntil = now.Add(wait)
 	r.mu.Unlock()
+	r.o.Tally.record(outcome, res.kind, now, len(admit.Added))
 	r.o.Metrics.backoff.WithLabelValues(r.name).Set(wait.Seconds())
 	if outcome == upstream.Error {
-		r.o.Logger.Warn("provider call failed", "upstream", r.name, "err", res.err, "backoff", wait)
+		r.o.Logger.Warn("provider call failed", "upstream", r.name, "err", res.logErr, "backoff", wait)
 	}
 
 	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), maxHookTime)
@@ -386,7 +478,31 @@ func (r *Runtime) fetch(ctx context.Context, count int) {
 	}
 	if depleted {
 		r.o.Logger.Info("upstream depleted", "upstream", r.name, "consecutiveEmpty", r.o.Upstream.Fetch.EmptyThreshold)
-		r.o.Depleted(hctx, r.name)
+		r.deplete(hctx)
+	}
+}
+
+func (t *Tally) record(o upstream.Outcome, kind string, at time.Time, added int) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.st.Calls++
+	t.st.LastOutcome = o.String()
+	t.st.LastFetchAt = at
+	t.st.TotalFetched += int64(added)
+	switch o {
+	case upstream.Success:
+		t.st.Success++
+	case upstream.Empty:
+		t.st.Empty++
+	case upstream.DuplicateOnly:
+		t.st.DuplicateOnly++
+	case upstream.Error:
+		t.st.Errors++
+	}
+	if o == upstream.Error {
+		t.st.LastError = kind
+	} else {
+		t.st.LastError = ""
 	}
 }
 
@@ -404,43 +520,45 @@ func (r *Runtime) backoff(errs int) time.Duration {
 
 // call performs one vendor call: build, HTTP, bounded read, parse.
 func (r *Runtime) call(ctx context.Context, count int, now time.Time) callResult {
-	p := r.o.Upstream.Provider
-	in := upstream.BuildInput{Params: map[string]string(p.Params), Secrets: make(map[string]string, len(p.Secrets)), Count: count, Now: now}
-	if in.Params == nil {
-		in.Params = map[string]string{}
-	}
-	for k, s := range p.Secrets {
-		in.Secrets[k] = s.Value()
-	}
-	req, err := r.o.Adapter.BuildRequest(ctx, in)
+	req, err := r.o.Adapter.BuildRequest(ctx, buildInput(&r.o.Upstream, count, now))
 	if err != nil {
-		return callResult{err: fmt.Errorf("building request: %w", err), certain: true}
+		return failure(kindBuild, fmt.Errorf("building request: %w", err), true)
 	}
 	hreq, err := newHTTPRequest(ctx, req)
 	if err != nil {
-		return callResult{err: err, certain: true}
+		return failure(kindBuild, err, true)
 	}
 	f := r.o.Upstream.Fetch
 	cctx, cancel := context.WithTimeout(ctx, f.Timeout)
 	defer cancel()
 	resp, err := r.client.Do(hreq.WithContext(cctx))
 	if err != nil {
-		return callResult{err: fmt.Errorf("calling provider: %w", redactURLError(err)), certain: notSent(err)}
+		err = fmt.Errorf("calling provider: %w", redactURLError(err))
+		kind := kindTransport
+		switch {
+		case errors.Is(err, errDeniedDestination):
+			kind = kindDenied
+		case errors.Is(err, context.DeadlineExceeded) || isTimeout(err):
+			kind = kindTimeout
+		}
+		return failure(kind, err, notSent(err))
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, f.MaxResponseBytes+1))
 	if err != nil {
-		return callResult{err: fmt.Errorf("reading provider response: %w", redactURLError(err))}
+		return failure(kindRead, fmt.Errorf("reading provider response: %w", redactURLError(err)), false)
 	}
 	if int64(len(body)) > f.MaxResponseBytes {
-		return callResult{err: fmt.Errorf("reading provider response: response larger than %d bytes", f.MaxResponseBytes)}
+		return failure(kindSize, fmt.Errorf("reading provider response: response larger than %d bytes", f.MaxResponseBytes), false)
 	}
 	retryAfter := parseRetryAfter(resp.Header.Get("Retry-After"), now)
 	if resp.StatusCode == http.StatusTooManyRequests {
 		r.o.Metrics.http429.WithLabelValues(r.name).Inc()
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return callResult{err: fmt.Errorf("provider answered HTTP %d", resp.StatusCode), retryAfter: retryAfter, certain: true}
+		res := failure(fmt.Sprintf("provider answered HTTP %d", resp.StatusCode), fmt.Errorf("provider answered HTTP %d", resp.StatusCode), true)
+		res.retryAfter = retryAfter
+		return res
 	}
 	headers := make(map[string]string, len(resp.Header))
 	for k, v := range resp.Header {
@@ -450,9 +568,34 @@ func (r *Runtime) call(ctx context.Context, count int, now time.Time) callResult
 	}
 	pr, err := r.o.Adapter.ParseResponse(ctx, upstream.Response{Status: resp.StatusCode, Headers: headers, Body: body}, now)
 	if err != nil {
-		return callResult{err: fmt.Errorf("parsing provider response: %w", err), retryAfter: retryAfter}
+		// The adapter's error may quote the body: only the class leaves.
+		res := failure(kindParse, errors.New(kindParse), false)
+		res.retryAfter = retryAfter
+		return res
 	}
 	return callResult{candidates: pr.Proxies, retryAfter: max(retryAfter, pr.RetryAfter), certain: true}
+}
+
+func failure(kind string, err error, certain bool) callResult {
+	return callResult{err: err, kind: kind, logErr: err, certain: certain}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// buildInput is what the adapter gets for one call of up.
+func buildInput(up *config.Upstream, count int, now time.Time) upstream.BuildInput {
+	p := up.Provider
+	in := upstream.BuildInput{Params: map[string]string(p.Params), Secrets: make(map[string]string, len(p.Secrets)), Count: count, Now: now}
+	if in.Params == nil {
+		in.Params = map[string]string{}
+	}
+	for k, s := range p.Secrets {
+		in.Secrets[k] = s.Value()
+	}
+	return in
 }
 
 func newHTTPRequest(ctx context.Context, req upstream.Request) (*http.Request, error) {

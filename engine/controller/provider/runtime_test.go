@@ -2,6 +2,7 @@ package provider
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"reflect"
 	"strings"
@@ -69,11 +70,22 @@ func upCfg(t *testing.T, vendorURL string) config.Upstream {
 
 type hooks struct {
 	depleted atomic.Int64
-	mu       sync.Mutex
-	admitted []proxy.ID
+	// failDepleted makes the Depleted hook fail (the management store is
+	// down), counting the attempts.
+	failDepleted atomic.Bool
+	attempts     atomic.Int64
+	mu           sync.Mutex
+	admitted     []proxy.ID
 }
 
-func (h *hooks) onDepleted(context.Context, string) { h.depleted.Add(1) }
+func (h *hooks) onDepleted(context.Context, string) error {
+	h.attempts.Add(1)
+	if h.failDepleted.Load() {
+		return errors.New("management store down")
+	}
+	h.depleted.Add(1)
+	return nil
+}
 func (h *hooks) onAdmitted(_ context.Context, _ string, ids []proxy.ID) {
 	h.mu.Lock()
 	h.admitted = append(h.admitted, ids...)
@@ -166,7 +178,7 @@ func TestFetchOutcomeClasses(t *testing.T) {
 		{name: "401 is error", mode: testenv.VendorAuthRequired, count: 3, wantOutcome: upstream.Error, wantErr: "HTTP 401"},
 		{name: "malformed is error", mode: testenv.VendorMalformed, count: 3, wantOutcome: upstream.Error, wantErr: "parsing provider response"},
 		{name: "429 honours Retry-After", mode: testenv.VendorRateLimited, count: 3, wantOutcome: upstream.Error, wantErr: "HTTP 429", minBackoff: 2 * time.Second},
-		{name: "oversize is error", mode: testenv.VendorNormal, count: 50, maxBody: 1024, wantOutcome: upstream.Error, wantErr: "response larger than 1024 bytes"},
+		{name: "oversize is error", mode: testenv.VendorNormal, count: 50, maxBody: 1024, wantOutcome: upstream.Error, wantErr: "response larger than maxResponseBytes"},
 		{name: "empty", mode: testenv.VendorEmpty, count: 3, wantOutcome: upstream.Empty},
 		{name: "duplicate only", mode: testenv.VendorDuplicateOnly, count: 3, wantOutcome: upstream.DuplicateOnly},
 	}

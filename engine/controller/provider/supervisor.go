@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"reflect"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -32,9 +34,11 @@ const DefaultReconcileEvery = 30 * time.Second
 
 // SupervisorOptions configures a Supervisor.
 type SupervisorOptions struct {
-	Store          Store
+	Store Store
+	// Inventory overrides Store's inventory for planning (nil: Store).
+	Inventory      InventorySource
 	Overrides      Overrides
-	Depleted       func(ctx context.Context, upstream string)
+	Depleted       func(ctx context.Context, upstream string) error
 	Admitted       func(ctx context.Context, upstream string, ids []proxy.ID)
 	Now            func() time.Time
 	Logger         *slog.Logger
@@ -93,6 +97,7 @@ type Supervisor struct {
 	specs     map[string]*spec
 	order     []string
 	ledgers   map[string]*Ledger
+	tallies   map[string]*Tally
 	overrides map[string]bool // admin overrides known so far
 	runs      map[string]*running
 	runCtx    context.Context
@@ -117,26 +122,39 @@ func NewSupervisor(o SupervisorOptions) *Supervisor {
 		metrics:   NewMetrics(o.Registry),
 		specs:     map[string]*spec{},
 		ledgers:   map[string]*Ledger{},
+		tallies:   map[string]*Tally{},
 		overrides: map[string]bool{},
 		runs:      map[string]*running{},
 	}
 }
 
 // Update installs a new configuration generation. Every adapter is
-// resolved first; if any fails nothing changes and every failure is
-// returned. Then runtimes are started, cancelled or replaced (replaced when
-// the provider, fetch, pool or tags changed, or the adapter was rebuilt).
+// resolved first and every runtime that would start or be replaced is
+// pre-checked (Precheck); if anything fails nothing changes and every
+// failure is returned. Then runtimes are started, cancelled or replaced
+// (replaced when the provider, fetch, pool or tags changed, or the adapter
+// was rebuilt).
 func (s *Supervisor) Update(cfg *config.Config, providers upstream.Provider) error {
 	specs := make(map[string]*spec, len(cfg.Upstreams))
 	order := make([]string, 0, len(cfg.Upstreams))
 	var errs []error
+	s.mu.Lock()
+	old := s.specs
+	s.mu.Unlock()
 	for _, u := range cfg.Upstreams {
 		a, err := providers.Adapter(u.Provider.Plugin)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("upstream %s: resolving plugin %q: %w", u.Name, u.Provider.Plugin, err))
 			continue
 		}
-		specs[u.Name] = &spec{up: u, allowLoopback: cfg.Security.AllowLoopbackDestinations, adapter: a}
+		sp := &spec{up: u, allowLoopback: cfg.Security.AllowLoopbackDestinations, adapter: a}
+		if prev := old[u.Name]; u.IsEnabled() && (prev == nil || !prev.same(sp)) {
+			if err := Precheck(sp.up, sp.adapter, sp.allowLoopback, s.o.Now()); err != nil {
+				errs = append(errs, fmt.Errorf("upstream %s: %w", u.Name, err))
+				continue
+			}
+		}
+		specs[u.Name] = sp
 		order = append(order, u.Name)
 	}
 	if len(errs) > 0 {
@@ -146,6 +164,7 @@ func (s *Supervisor) Update(cfg *config.Config, providers upstream.Provider) err
 	for name := range s.specs {
 		if specs[name] == nil {
 			delete(s.ledgers, name)
+			delete(s.tallies, name)
 			delete(s.overrides, name)
 			s.metrics.forget(name)
 		}
@@ -155,6 +174,9 @@ func (s *Supervisor) Update(cfg *config.Config, providers upstream.Provider) err
 			l.SetLimit(sp.up.Fetch.MaxTotal)
 		} else {
 			s.ledgers[name] = NewLedger(sp.up.Fetch.MaxTotal)
+		}
+		if s.tallies[name] == nil {
+			s.tallies[name] = &Tally{}
 		}
 	}
 	s.specs, s.order = specs, order
@@ -204,14 +226,19 @@ func (s *Supervisor) Signal(name string) {
 }
 
 // Status returns an upstream's fetch status; ok is false when it has no
-// runtime (disabled or unknown).
+// runtime (disabled or unknown): the cumulative counters are then those
+// of its last runtime.
 func (s *Supervisor) Status(name string) (Status, bool) {
 	s.mu.Lock()
 	r := s.runs[name]
 	l := s.ledgers[name]
+	tl := s.tallies[name]
 	s.mu.Unlock()
 	if r == nil {
 		var st Status
+		if tl != nil {
+			st = tl.snapshot()
+		}
 		if l != nil {
 			st.LedgerUsed = l.Used()
 			if l.Exhausted() {
@@ -329,7 +356,7 @@ func (s *Supervisor) reconcileLocked() {
 		sp := s.specs[name]
 		rt := NewRuntime(RuntimeOptions{
 			Upstream: sp.up, AllowLoopback: sp.allowLoopback, Adapter: sp.adapter,
-			Store: s.o.Store, Ledger: s.ledgers[name], Metrics: s.metrics,
+			Store: s.o.Store, Inventory: s.o.Inventory, Ledger: s.ledgers[name], Tally: s.tallies[name], Metrics: s.metrics,
 			Depleted: s.o.Depleted, Admitted: s.o.Admitted, HTTPClient: s.o.HTTPClient,
 			Now: s.o.Now, Logger: s.o.Logger, Tick: s.o.Tick,
 		})
@@ -361,6 +388,37 @@ func (s *Supervisor) stopAll() {
 		<-r.done
 	}
 }
+
+// Precheck validates what a new runtime would do before it is published
+// (seed 000 §14: reload pre-checks new runtimes): the adapter must build a
+// request from the upstream's params and secrets, the request must be an
+// http(s) URL, and a literal address in it must be one the guard allows.
+// Nothing is sent.
+func Precheck(up config.Upstream, a upstream.Adapter, allowLoopback bool, now time.Time) error {
+	ctx, cancel := context.WithTimeout(context.Background(), precheckTimeout)
+	defer cancel()
+	req, err := a.BuildRequest(ctx, buildInput(&up, up.Fetch.EstimatedIPsPerCall, now))
+	if err != nil {
+		return fmt.Errorf("pre-checking provider: building a request: %w", err)
+	}
+	h, err := newHTTPRequest(ctx, req)
+	if err != nil {
+		return fmt.Errorf("pre-checking provider: %w", err)
+	}
+	host := strings.TrimSuffix(strings.TrimPrefix(h.URL.Hostname(), "["), "]")
+	if host == "" {
+		return errors.New("pre-checking provider: the request URL names no host")
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		if err := checkIP(ip, allowLoopback); err != nil {
+			return fmt.Errorf("pre-checking provider: %w", err)
+		}
+	}
+	return nil
+}
+
+// precheckTimeout bounds one adapter call during a pre-check.
+const precheckTimeout = 5 * time.Second
 
 var (
 	_ Store     = activitypool.Pool(nil)

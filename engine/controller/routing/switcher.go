@@ -131,7 +131,7 @@ func New(o Options) *Switcher {
 	}
 	s := &Switcher{o: o, switches: prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "proxypool", Subsystem: "routing", Name: "switches_total",
-		Help: "Sequential routing cursor moves, by reason (depleted, manual, exhausted).",
+		Help: "Sequential routing cursor moves, by reason (depleted, disabled, manual, exhausted).",
 	}, []string{"routing", "reason"})}
 	if o.Registry != nil {
 		o.Registry.MustRegister(s.switches)
@@ -161,6 +161,25 @@ func (s *Switcher) rule(name string) (routing.Rule, bool) {
 // compare-and-set is retried only while the routing still points at the
 // depleted upstream, so concurrent calls never skip past the next one.
 func (s *Switcher) Depleted(ctx context.Context, upstream string) ([]string, error) {
+	return s.advanceAll(ctx, upstream, "depleted")
+}
+
+// Disabled moves every sequential routing whose current upstream is the
+// disabled upstream on to its next enabled one (seed 000 §9: disabled
+// upstreams take no new allocations and are skipped; the cursor is
+// persisted like any switch). When no enabled upstream follows under the
+// routing's policy the cursor stays: the gateway sees the upstream
+// disabled and applies onUnavailable, and re-enabling it restores the
+// routing. Call it after the upstream is disabled, so Enabled already
+// reports it.
+func (s *Switcher) Disabled(ctx context.Context, upstream string) ([]string, error) {
+	if s.o.Enabled(upstream) {
+		return nil, nil
+	}
+	return s.advanceAll(ctx, upstream, "disabled")
+}
+
+func (s *Switcher) advanceAll(ctx context.Context, upstream, reason string) ([]string, error) {
 	var (
 		moved []string
 		errs  []error
@@ -169,7 +188,7 @@ func (s *Switcher) Depleted(ctx context.Context, upstream string) ([]string, err
 		if r.Strategy != routing.Sequential {
 			continue
 		}
-		ok, err := s.advance(ctx, r, upstream)
+		ok, err := s.advance(ctx, r, upstream, reason)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("advancing routing %s: %w", r.Name, err))
 		}
@@ -180,7 +199,7 @@ func (s *Switcher) Depleted(ctx context.Context, upstream string) ([]string, err
 	return moved, errors.Join(errs...)
 }
 
-func (s *Switcher) advance(ctx context.Context, r routing.Rule, upstream string) (bool, error) {
+func (s *Switcher) advance(ctx context.Context, r routing.Rule, upstream, reason string) (bool, error) {
 	n := len(r.Upstreams)
 	skip := func(i int) bool { return !s.o.Enabled(r.Upstreams[i]) }
 	for range maxCASAttempts {
@@ -195,7 +214,9 @@ func (s *Switcher) advance(ctx context.Context, r routing.Rule, upstream string)
 		from := cur
 		from.Index = idx
 		next, ok := routing.Advance(from, n, r.OnExhausted, skip)
-		if !ok {
+		if !ok || (next.Exhausted && reason == "disabled") {
+			// Disabling never exhausts a routing: with no enabled upstream
+			// after it, the cursor stays and re-enabling restores it.
 			return false, nil
 		}
 		won, err := s.o.Store.CompareAndSetCursor(ctx, r.Name, cur, next)
@@ -203,15 +224,14 @@ func (s *Switcher) advance(ctx context.Context, r routing.Rule, upstream string)
 			return false, fmt.Errorf("writing cursor: %w", err)
 		}
 		if won {
-			reason := "depleted"
-			to := "exhausted"
+			why, to := reason, "exhausted"
 			if next.Exhausted {
-				reason = "exhausted"
+				why = "exhausted"
 			} else {
 				to = r.Upstreams[next.Index]
 			}
-			s.switches.WithLabelValues(r.Name, reason).Inc()
-			s.o.Logger.Info("sequential routing switched", "routing", r.Name, "from", upstream, "to", to, "generation", next.Generation)
+			s.switches.WithLabelValues(r.Name, why).Inc()
+			s.o.Logger.Info("sequential routing switched", "routing", r.Name, "from", upstream, "to", to, "reason", reason, "generation", next.Generation)
 			return true, nil
 		}
 	}

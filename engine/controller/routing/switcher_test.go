@@ -197,3 +197,47 @@ func TestEffective(t *testing.T) {
 		}
 	}
 }
+
+func TestDisabledCurrentUpstreamIsSkipped(t *testing.T) {
+	store := openStore(t, t.TempDir())
+	t.Cleanup(func() { _ = store.Close() })
+	disabled := map[string]bool{}
+	var mu sync.Mutex
+	s := New(Options{Store: store, Enabled: func(u string) bool { mu.Lock(); defer mu.Unlock(); return !disabled[u] }})
+	s.SetRules(Compile([]config.Routing{seqRouting("r", "stop", "A", "B", "C"), seqRouting("other", "stop", "X", "A")}))
+	ctx := context.Background()
+	if moved, err := s.Disabled(ctx, "A"); err != nil || len(moved) != 0 {
+		t.Fatalf("an enabled upstream moved routings: %v %v", moved, err)
+	}
+	mu.Lock()
+	disabled["A"], disabled["B"] = true, true
+	mu.Unlock()
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := s.Disabled(ctx, "A"); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	c, _ := s.Cursor(ctx, "r")
+	if got := Effective(c, 3); got != 2 || c.Generation != 1 {
+		t.Fatalf("cursor = %+v, want C (index 2, B skipped) in one move", c)
+	}
+	if c, _ := s.Cursor(ctx, "other"); c.Generation != 0 {
+		t.Fatalf("a routing not currently on A moved: %+v", c)
+	}
+	// Disabling the last one never exhausts the routing.
+	mu.Lock()
+	disabled["C"] = true
+	mu.Unlock()
+	if moved, err := s.Disabled(ctx, "C"); err != nil || len(moved) != 0 {
+		t.Fatalf("disabling the last upstream moved %v (%v)", moved, err)
+	}
+	if c, _ := s.Cursor(ctx, "r"); c.Exhausted || c.Index != 2 {
+		t.Fatalf("cursor = %+v, want still on C", c)
+	}
+}

@@ -2,7 +2,7 @@
 // absolute-form HTTP proxy requests and CONNECT, client credentials (read
 // from Proxy-Authorization and X-Proxypool-Api-Key, checked by the shared
 // engine/adapters/http/auth), access.allowCIDRs and trustedProxies, the
-// destination guard (destguard), header hygiene (no Proxy-Authorization,
+// destination guard (netguard), header hygiene (no Proxy-Authorization,
 // gateway header, session header or hop-by-hop header reaches a target),
 // framing checks net/http does not make (obs-fold, Transfer-Encoding with
 // Content-Length), per-client rate limits, safe retries, onUnavailable

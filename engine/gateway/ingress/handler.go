@@ -20,10 +20,10 @@ import (
 	"github.com/proxypool/proxypool/engine/config"
 	"github.com/proxypool/proxypool/engine/domain/routing"
 	"github.com/proxypool/proxypool/engine/domain/worker"
-	"github.com/proxypool/proxypool/engine/gateway/destguard"
 	"github.com/proxypool/proxypool/engine/gateway/dispatch"
 	"github.com/proxypool/proxypool/engine/gateway/snapshot"
 	"github.com/proxypool/proxypool/engine/gateway/transport"
+	"github.com/proxypool/proxypool/engine/netguard"
 )
 
 // MaxAttempts is the most distinct proxies one request tries (seed 000
@@ -61,14 +61,14 @@ type Policy struct {
 	// Allow is access.allowCIDRs (empty admits every address); Trusted is
 	// gateway.trustedProxies, the only peers whose X-Forwarded-For counts.
 	Allow, Trusted []netip.Prefix
-	Guard          *destguard.Guard
+	Guard          *netguard.Guard
 	MaxHeaderCount int
 	rates          *clientRates
 }
 
 // NewPolicy builds the policy of cfg's gateway and security sections.
 // resolver nil means net.DefaultResolver.
-func NewPolicy(cfg *config.Config, resolver destguard.Resolver) (*Policy, error) {
+func NewPolicy(cfg *config.Config, resolver netguard.Resolver) (*Policy, error) {
 	gw := &cfg.Gateway
 	a := gw.Auth
 	if a.Mode == "" {
@@ -86,7 +86,7 @@ func NewPolicy(cfg *config.Config, resolver destguard.Resolver) (*Policy, error)
 	if err != nil {
 		return nil, fmt.Errorf("building gateway policy: trustedProxies: %w", err)
 	}
-	guard, err := destguard.FromConfig(&cfg.Security, resolver)
+	guard, err := netguard.FromConfig(&cfg.Security, resolver)
 	if err != nil {
 		return nil, fmt.Errorf("building gateway policy: %w", err)
 	}
@@ -158,7 +158,7 @@ func (h *Handler) SetPolicy(p *Policy) {
 func (h *Handler) AddSelf(addrs ...netip.AddrPort) {
 	h.selfMu.Lock()
 	defer h.selfMu.Unlock()
-	h.self = append(h.self, destguard.ExpandSelf(addrs)...)
+	h.self = append(h.self, netguard.ExpandSelf(addrs)...)
 	h.policy.Load().Guard.SetSelf(h.self)
 }
 
@@ -281,7 +281,7 @@ func (h *Handler) checkDestination(ctx context.Context, w http.ResponseWriter, p
 	switch {
 	case err == nil:
 		return addrs, resultOK, true
-	case destguard.IsDenied(err):
+	case netguard.IsDenied(err):
 		h.log.Debug("destination denied", "err", err)
 		return nil, h.reject(w, http.StatusForbidden, ReasonDeniedDestination), false
 	case ctx.Err() != nil:

@@ -1,4 +1,4 @@
-package destguard
+package netguard
 
 import (
 	"context"

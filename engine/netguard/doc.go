@@ -1,6 +1,6 @@
-// Package destguard is the gateway's SSRF and DNS-rebinding guard (SPEC §7,
-// seed 000 §15): it classifies IP addresses — never host text — and decides
-// whether traffic may go to them.
+// Package netguard is the SSRF and DNS-rebinding guard shared by the gateway
+// and the controller (SPEC §7, seed 000 §15): it classifies IP addresses —
+// never host text — and decides whether traffic may go to them.
 //
 // Classify is pure and total: every netip.Addr gets exactly one Class, and
 // Class.Internal says whether it points inside (loopback, RFC 1918,
@@ -24,4 +24,4 @@
 // proxy addresses that point inside. This package must never import
 // net/http, the gateway's other packages, or anything outside the standard
 // library but engine/config.
-package destguard
+package netguard

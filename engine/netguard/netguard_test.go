@@ -1,4 +1,4 @@
-package destguard_test
+package netguard_test
 
 import (
 	"context"
@@ -7,69 +7,69 @@ import (
 	"testing"
 
 	"github.com/proxypool/proxypool/engine/config"
-	"github.com/proxypool/proxypool/engine/gateway/destguard"
+	"github.com/proxypool/proxypool/engine/netguard"
 )
 
 func TestClassify(t *testing.T) {
 	tests := []struct {
 		addr string
-		want destguard.Class
+		want netguard.Class
 	}{
-		{"93.184.216.34", destguard.Public},
-		{"2606:2800:220:1:248:1893:25c8:1946", destguard.Public},
-		{"0.0.0.0", destguard.Unspecified},
-		{"::", destguard.Unspecified},
-		{"0.1.2.3", destguard.ThisNetwork},
-		{"127.0.0.1", destguard.Loopback},
-		{"127.255.255.254", destguard.Loopback},
-		{"::1", destguard.Loopback},
-		{"10.0.0.1", destguard.Private},
-		{"172.16.0.1", destguard.Private},
-		{"172.31.255.255", destguard.Private},
-		{"192.168.1.1", destguard.Private},
-		{"169.254.1.1", destguard.LinkLocal},
-		{"fe80::1", destguard.LinkLocal},
-		{"100.64.0.1", destguard.CGNAT},
-		{"100.127.255.255", destguard.CGNAT},
-		{"224.0.0.1", destguard.Multicast},
-		{"ff02::1", destguard.Multicast},
-		{"255.255.255.255", destguard.Broadcast},
-		{"240.0.0.1", destguard.Broadcast},
-		{"169.254.169.254", destguard.Metadata},
-		{"fd00:ec2::254", destguard.Metadata},
-		{"100.100.100.200", destguard.Metadata},
-		{"fd12:3456::1", destguard.UniqueLocal},
-		{"fc00::1", destguard.UniqueLocal},
-		{"fec0::1", destguard.SiteLocal},
-		{"fe80::1%eth0", destguard.Zoned},
-		{"::ffff:127.0.0.1", destguard.Loopback},
-		{"::ffff:10.1.2.3", destguard.Private},
-		{"::ffff:169.254.169.254", destguard.Metadata},
-		{"::ffff:93.184.216.34", destguard.Public},
-		{"::127.0.0.1", destguard.IPv4Compatible},
-		{"::10.0.0.1", destguard.IPv4Compatible},
-		{"64:ff9b::7f00:1", destguard.NAT64},
-		{"64:ff9b::a9fe:a9fe", destguard.NAT64},
-		{"64:ff9b::5db8:d822", destguard.Public},
-		{"64:ff9b:1::1", destguard.NAT64},
-		{"2002:7f00:1::1", destguard.SixToFour},
-		{"2001:0:4136:e378:8000:63bf:3fff:fdd2", destguard.Teredo},
-		{"2001:db8::5efe:7f00:1", destguard.ISATAP},
-		{"2001:db8::200:5efe:a00:1", destguard.ISATAP},
-		{"2001:db8::1", destguard.Public},
+		{"93.184.216.34", netguard.Public},
+		{"2606:2800:220:1:248:1893:25c8:1946", netguard.Public},
+		{"0.0.0.0", netguard.Unspecified},
+		{"::", netguard.Unspecified},
+		{"0.1.2.3", netguard.ThisNetwork},
+		{"127.0.0.1", netguard.Loopback},
+		{"127.255.255.254", netguard.Loopback},
+		{"::1", netguard.Loopback},
+		{"10.0.0.1", netguard.Private},
+		{"172.16.0.1", netguard.Private},
+		{"172.31.255.255", netguard.Private},
+		{"192.168.1.1", netguard.Private},
+		{"169.254.1.1", netguard.LinkLocal},
+		{"fe80::1", netguard.LinkLocal},
+		{"100.64.0.1", netguard.CGNAT},
+		{"100.127.255.255", netguard.CGNAT},
+		{"224.0.0.1", netguard.Multicast},
+		{"ff02::1", netguard.Multicast},
+		{"255.255.255.255", netguard.Broadcast},
+		{"240.0.0.1", netguard.Broadcast},
+		{"169.254.169.254", netguard.Metadata},
+		{"fd00:ec2::254", netguard.Metadata},
+		{"100.100.100.200", netguard.Metadata},
+		{"fd12:3456::1", netguard.UniqueLocal},
+		{"fc00::1", netguard.UniqueLocal},
+		{"fec0::1", netguard.SiteLocal},
+		{"fe80::1%eth0", netguard.Zoned},
+		{"::ffff:127.0.0.1", netguard.Loopback},
+		{"::ffff:10.1.2.3", netguard.Private},
+		{"::ffff:169.254.169.254", netguard.Metadata},
+		{"::ffff:93.184.216.34", netguard.Public},
+		{"::127.0.0.1", netguard.IPv4Compatible},
+		{"::10.0.0.1", netguard.IPv4Compatible},
+		{"64:ff9b::7f00:1", netguard.NAT64},
+		{"64:ff9b::a9fe:a9fe", netguard.NAT64},
+		{"64:ff9b::5db8:d822", netguard.Public},
+		{"64:ff9b:1::1", netguard.NAT64},
+		{"2002:7f00:1::1", netguard.SixToFour},
+		{"2001:0:4136:e378:8000:63bf:3fff:fdd2", netguard.Teredo},
+		{"2001:db8::5efe:7f00:1", netguard.ISATAP},
+		{"2001:db8::200:5efe:a00:1", netguard.ISATAP},
+		{"2001:db8::1", netguard.Public},
 	}
 	for _, tc := range tests {
 		t.Run(tc.addr, func(t *testing.T) {
-			got := destguard.Classify(netip.MustParseAddr(tc.addr))
+			got := netguard.Classify(netip.MustParseAddr(tc.addr))
 			if got != tc.want {
 				t.Fatalf("Classify(%s) = %s, want %s", tc.addr, got, tc.want)
 			}
-			if got.Internal() != (tc.want != destguard.Public) {
+			if got.Internal() != (tc.want != netguard.Public) {
 				t.Fatal("Internal disagrees with the class")
 			}
 		})
 	}
-	if destguard.Classify(netip.Addr{}) != destguard.Invalid {
+	if netguard.Classify(netip.Addr{}) != netguard.Invalid {
 		t.Fatal("zero address not Invalid")
 	}
 }
@@ -106,7 +106,7 @@ func TestParseHost(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.in, func(t *testing.T) {
-			ip, ok := destguard.ParseHost(tc.in)
+			ip, ok := netguard.ParseHost(tc.in)
 			if tc.want == "" {
 				if ok {
 					t.Fatalf("parsed as %s", ip)
@@ -127,13 +127,13 @@ func FuzzParseHost(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		ip, ok := destguard.ParseHost(s)
+		ip, ok := netguard.ParseHost(s)
 		if std, err := netip.ParseAddr(s); err == nil {
 			if !ok || ip != std {
 				t.Fatalf("ParseHost(%q) = %v %v, netip says %v", s, ip, ok, std)
 			}
 		}
-		_ = destguard.Classify(ip)
+		_ = netguard.Classify(ip)
 	})
 }
 
@@ -163,11 +163,11 @@ func TestGuardResolve(t *testing.T) {
 		"deny.example":    {"203.0.113.9"},
 		"mapped.example":  {"::ffff:10.0.0.1"},
 	}
-	strict, err := destguard.FromConfig(&config.Security{DeniedCIDRs: []string{"203.0.113.0/24"}}, res)
+	strict, err := netguard.FromConfig(&config.Security{DeniedCIDRs: []string{"203.0.113.0/24"}}, res)
 	if err != nil {
 		t.Fatal(err)
 	}
-	local, _ := destguard.FromConfig(&config.Security{AllowLoopbackDestinations: true}, res)
+	local, _ := netguard.FromConfig(&config.Security{AllowLoopbackDestinations: true}, res)
 	local.SetSelf([]netip.AddrPort{netip.MustParseAddrPort("127.0.0.1:8080")})
 	tests := []struct {
 		host       string
@@ -199,16 +199,16 @@ func TestGuardResolve(t *testing.T) {
 		t.Run(tc.host, func(t *testing.T) {
 			for _, c := range []struct {
 				name string
-				g    *destguard.Guard
+				g    *netguard.Guard
 				deny bool
 			}{{"strict", strict, tc.strictDeny}, {"allowLoopback", local, tc.localDeny}} {
 				addrs, err := c.g.Resolve(context.Background(), tc.host, tc.port)
 				switch {
 				case tc.fail:
-					if err == nil || destguard.IsDenied(err) {
+					if err == nil || netguard.IsDenied(err) {
 						t.Fatalf("%s: err = %v, want a lookup failure", c.name, err)
 					}
-				case c.deny != destguard.IsDenied(err) || (!c.deny && err != nil):
+				case c.deny != netguard.IsDenied(err) || (!c.deny && err != nil):
 					t.Fatalf("%s: err = %v, want denied=%v", c.name, err, c.deny)
 				case !c.deny:
 					for _, a := range addrs {
@@ -223,7 +223,7 @@ func TestGuardResolve(t *testing.T) {
 }
 
 func TestExpandSelf(t *testing.T) {
-	got := destguard.ExpandSelf([]netip.AddrPort{netip.MustParseAddrPort("0.0.0.0:9000"), netip.MustParseAddrPort("192.0.2.1:80")})
+	got := netguard.ExpandSelf([]netip.AddrPort{netip.MustParseAddrPort("0.0.0.0:9000"), netip.MustParseAddrPort("192.0.2.1:80")})
 	var loop, fixed bool
 	for _, a := range got {
 		loop = loop || a == netip.MustParseAddrPort("127.0.0.1:9000")
