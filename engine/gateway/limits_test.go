@@ -32,6 +32,23 @@ func oneSlot(version uint64, up *testenv.UpstreamProxy, mut ...func(*worker.Snap
 	return ws
 }
 
+// secondConnRefused holds one tunnel open through h and checks that a
+// second connection is answered with status and reason, then closed.
+func secondConnRefused(t *testing.T, h *harness, echo, status, reason string) {
+	t.Helper()
+	c1, _ := connect(t, h.addr, echo, "")
+	defer c1.Close()
+	c2, err := net.Dial("tcp", h.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	got, _ := io.ReadAll(c2)
+	if !strings.HasPrefix(string(got), status) || !strings.Contains(string(got), reason) {
+		t.Fatalf("second connection got %q", got)
+	}
+}
+
 func TestAdmissionLimits(t *testing.T) {
 	tg := gwtest.Target(t)
 	echo := gwtest.NewEchoServer(t)
@@ -39,32 +56,12 @@ func TestAdmissionLimits(t *testing.T) {
 	t.Run("connections per listener", func(t *testing.T) {
 		h := start(t, withLimits("    maxConns: 1\n"))
 		h.apply(t, snapshotOf(1, up))
-		c1, _ := connect(t, h.addr, echo, "")
-		defer c1.Close()
-		c2, err := net.Dial("tcp", h.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c2.Close()
-		got, _ := io.ReadAll(c2)
-		if !strings.HasPrefix(string(got), "HTTP/1.1 503") || !strings.Contains(string(got), "overload") {
-			t.Fatalf("second connection got %q", got)
-		}
+		secondConnRefused(t, h, echo, "HTTP/1.1 503", "overload")
 	})
 	t.Run("connections per client", func(t *testing.T) {
 		h := start(t, withLimits("    maxConnsPerClient: 1\n"))
 		h.apply(t, snapshotOf(1, up))
-		c1, _ := connect(t, h.addr, echo, "")
-		defer c1.Close()
-		c2, err := net.Dial("tcp", h.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c2.Close()
-		got, _ := io.ReadAll(c2)
-		if !strings.HasPrefix(string(got), "HTTP/1.1 429") || !strings.Contains(string(got), "too-many-connections") {
-			t.Fatalf("second connection got %q", got)
-		}
+		secondConnRefused(t, h, echo, "HTTP/1.1 429", "too-many-connections")
 		if h.metric(t, "proxypool_gateway_rejections_total", "reason", "too-many-connections") != 1 {
 			t.Fatal("refusal not counted")
 		}

@@ -43,7 +43,8 @@ func newOutcomeQueue(sink worker.OutcomeSink, dropped prometheus.Counter, interv
 	return q
 }
 
-// Enqueue never blocks.
+// Enqueue never blocks: a full queue drops and counts, so reporting can
+// never slow a request down (seed 000 §17.2).
 func (q *outcomeQueue) Enqueue(o worker.Outcome) {
 	select {
 	case q.ch <- o:
@@ -65,23 +66,22 @@ func (q *outcomeQueue) run() {
 		q.sink.ReportOutcomes(batch)
 		batch = make([]worker.Outcome, 0, OutcomeBatchSize)
 	}
+	add := func(o worker.Outcome) {
+		if batch = append(batch, o); len(batch) == OutcomeBatchSize {
+			flush()
+		}
+	}
 	for {
 		select {
 		case o := <-q.ch:
-			batch = append(batch, o)
-			if len(batch) == OutcomeBatchSize {
-				flush()
-			}
+			add(o)
 		case <-t.C:
 			flush()
 		case <-q.stop:
 			for {
 				select {
 				case o := <-q.ch:
-					batch = append(batch, o)
-					if len(batch) == OutcomeBatchSize {
-						flush()
-					}
+					add(o)
 				default:
 					flush()
 					return

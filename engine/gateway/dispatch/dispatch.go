@@ -135,6 +135,9 @@ type slot struct {
 	client, session string
 	until           int64
 	gated           bool
+	// bound: the proxy came from the session's live binding, which the
+	// lookup already refreshed, so Commit need not write it again.
+	bound bool
 }
 
 // Loader returns the current snapshot; *snapshot.Holder implements it.
@@ -358,9 +361,7 @@ func (d *Dispatcher) try(req *Request) (Allocation, *snapshot.Rule, error) {
 		if id, ok := rule.Sessions.Get(req.Client, session, now); ok {
 			if e := rule.Lookup(id); e != nil && now < e.UsableUntil() && !req.excluded(id) && e.Counter().TryReserve(e.Limit()) {
 				d.sticky[stickyHit].Inc()
-				a := d.newAllocation(e, rule, now, req.Client, session)
-				a.Sticky = true
-				return a, rule, nil
+				return d.newAllocation(e, rule, now, req.Client, session, true), rule, nil
 			}
 			// Gone, unusable, excluded by a retry or full: clear it and
 			// choose afresh; Commit binds the new choice.
@@ -377,7 +378,7 @@ func (d *Dispatcher) try(req *Request) (Allocation, *snapshot.Rule, error) {
 		}
 		e := &list[i]
 		if e.Counter().TryReserve(e.Limit()) {
-			return d.newAllocation(e, rule, now, req.Client, session), rule, nil
+			return d.newAllocation(e, rule, now, req.Client, session, false), rule, nil
 		}
 		// Lost the last slot to a concurrent reservation (or the proxy
 		// was withdrawn meanwhile): the counter now reads full, so the
@@ -386,13 +387,13 @@ func (d *Dispatcher) try(req *Request) (Allocation, *snapshot.Rule, error) {
 	return Allocation{}, rule, d.refuseGated(rule, ReasonBusy)
 }
 
-func (d *Dispatcher) newAllocation(e *snapshot.Entry, rule *snapshot.Rule, now int64, client, session string) Allocation {
+func (d *Dispatcher) newAllocation(e *snapshot.Entry, rule *snapshot.Rule, now int64, client, session string, bound bool) Allocation {
 	s := d.pool.Get().(*slot)
 	gen := s.word.Load()>>32 + 1
 	s.counter, s.rule, s.target, s.started = e.Counter(), rule, e.Target(), now
-	s.client, s.session, s.until, s.gated = client, session, e.UsableUntil(), rule.Gate != nil
+	s.client, s.session, s.until, s.gated, s.bound = client, session, e.UsableUntil(), rule.Gate != nil, bound
 	s.word.Store(gen<<32 | stateReserved)
-	return Allocation{Target: s.target, Rule: rule, s: s, gen: gen}
+	return Allocation{Target: s.target, Rule: rule, Sticky: bound, s: s, gen: gen}
 }
 
 func emptyReason(r *snapshot.Rule) Reason {
@@ -480,7 +481,7 @@ func (d *Dispatcher) Commit(a Allocation) error {
 		return ErrAllocationState
 	}
 	s.counter.Commit()
-	if s.session != "" {
+	if s.session != "" && !s.bound {
 		s.rule.Sessions.Put(s.client, s.session, s.target.ID, s.until, d.now().UnixNano())
 	}
 	return nil

@@ -394,7 +394,9 @@ func TestWaitForCapacity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Run("woken by release", func(t *testing.T) {
+	// park starts an Acquire that must wait, and returns once it has been
+	// refused for the nth time (it is parked); the channel gets its result.
+	park := func(t *testing.T, nth float64) <-chan error {
 		got := make(chan error, 1)
 		go func() {
 			a, err := e.d.Acquire(ctx, &dispatch.Request{})
@@ -404,8 +406,12 @@ func TestWaitForCapacity(t *testing.T) {
 			got <- err
 		}()
 		gwtest.Eventually(t, "request parked", func() bool {
-			return gwtest.Metric(t, e.prom, "proxypool_gateway_dispatch_failures_total", "reason", "busy") >= 1
+			return gwtest.Metric(t, e.prom, "proxypool_gateway_dispatch_failures_total", "reason", "busy") >= nth
 		})
+		return got
+	}
+	t.Run("woken by release", func(t *testing.T) {
+		got := park(t, 1)
 		e.d.Release(held, worker.Outcome{})
 		if err := <-got; err != nil {
 			t.Fatalf("parked request: %v", err)
@@ -414,17 +420,7 @@ func TestWaitForCapacity(t *testing.T) {
 	t.Run("woken by snapshot apply", func(t *testing.T) {
 		held, _ = e.d.Acquire(ctx, &dispatch.Request{})
 		defer e.d.Release(held, worker.Outcome{})
-		got := make(chan error, 1)
-		go func() {
-			a, err := e.d.Acquire(ctx, &dispatch.Request{})
-			if err == nil {
-				e.d.Release(a, worker.Outcome{})
-			}
-			got <- err
-		}()
-		gwtest.Eventually(t, "request parked", func() bool {
-			return gwtest.Metric(t, e.prom, "proxypool_gateway_dispatch_failures_total", "reason", "busy") >= 2
-		})
+		got := park(t, 2)
 		ws2 := gwtest.Snapshot(2, t0, ws.Proxies[0], px("a", 2))
 		ws2.Routings[0].OnUnavailable = routing.Wait
 		e.snaps.Store(build(ws2, e.reg, time.Minute))

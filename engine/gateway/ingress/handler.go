@@ -332,41 +332,78 @@ func (h *Handler) serveForward(w http.ResponseWriter, r *http.Request, p *Policy
 		if a.Rule.StickyHeader != "" {
 			delete(out.Header, a.Rule.StickyHeader)
 		}
-		id, limit := a.Target.ID, min(attempts, a.Rule.MaxAttempts)
 		start := time.Now()
 		resp, err := h.f.RoundTrip(out, a.Target)
 		if err != nil {
-			if ctx.Err() != nil {
-				h.d.Release(a, worker.Outcome{})
-				return resultCanceled, false
-			}
-			phase := transport.PhaseOf(err)
-			h.m.upstreamFailures[phase].Inc()
-			h.d.Release(a, worker.Outcome{Phase: phase})
-			h.log.Debug("upstream request failed", "proxy", id, "attempt", try+1, "err", err)
 			lastErr = err
-			if try+1 < limit && req.AddExclude(id) {
-				h.m.retries.Inc()
+			switch h.failedAttempt(ctx, a, &req, err, try, min(attempts, a.Rule.MaxAttempts)) {
+			case attemptCanceled:
+				return resultCanceled, false
+			case attemptRetry:
 				continue
 			}
 			return h.upstreamFailed(w, "upstream-", err), false
 		}
 		h.m.upstreamConnect.Observe(time.Since(start).Seconds())
-		if err := h.d.Commit(a); err != nil {
-			// Cannot happen with a fresh allocation; fail closed.
-			_ = resp.Body.Close()
-			h.d.Release(a, worker.Outcome{})
-			h.log.Error("committing allocation", "err", err)
-			writeError(w, http.StatusInternalServerError, "internal")
+		if !h.commit(w, a, resp.Body) {
 			return resultUpstreamError, false
 		}
 		res, outcome, abort := h.stream(w, r, resp)
-		if outcome.Phase != worker.PhaseNone {
-			h.m.upstreamFailures[outcome.Phase].Inc()
-		}
-		h.d.Release(a, outcome)
+		h.settle(a, outcome)
 		return res, abort
 	}
+}
+
+type attemptEnd uint8
+
+const (
+	attemptFinal attemptEnd = iota
+	attemptRetry
+	attemptCanceled
+)
+
+// failedAttempt settles an attempt whose upstream failed before anything
+// reached the client, for plain requests and CONNECT alike. A client that
+// left says nothing about the proxy (no outcome); otherwise the failure is
+// blamed on the proxy, which the next attempt excludes so that a retry
+// never lands on the same one.
+func (h *Handler) failedAttempt(ctx context.Context, a dispatch.Allocation, req *dispatch.Request, err error, try, limit int) attemptEnd {
+	if ctx.Err() != nil {
+		h.d.Release(a, worker.Outcome{})
+		return attemptCanceled
+	}
+	phase := transport.PhaseOf(err)
+	h.m.upstreamFailures[phase].Inc()
+	h.d.Release(a, worker.Outcome{Phase: phase})
+	h.log.Debug("upstream attempt failed", "proxy", a.Target.ID, "attempt", try+1, "err", err)
+	if try+1 < limit && req.AddExclude(a.Target.ID) {
+		h.m.retries.Inc()
+		return attemptRetry
+	}
+	return attemptFinal
+}
+
+// commit moves a to active once the upstream answered. Commit cannot fail
+// on a fresh allocation; if it ever does the request fails closed (500)
+// rather than run uncounted.
+func (h *Handler) commit(w http.ResponseWriter, a dispatch.Allocation, upstream io.Closer) bool {
+	err := h.d.Commit(a)
+	if err == nil {
+		return true
+	}
+	_ = upstream.Close()
+	h.d.Release(a, worker.Outcome{})
+	h.log.Error("committing allocation", "err", err)
+	writeError(w, http.StatusInternalServerError, "internal")
+	return false
+}
+
+// settle releases a committed allocation with its final outcome.
+func (h *Handler) settle(a dispatch.Allocation, o worker.Outcome) {
+	if o.Phase != worker.PhaseNone {
+		h.m.upstreamFailures[o.Phase].Inc()
+	}
+	h.d.Release(a, o)
 }
 
 // forwardDirect serves a request of an onUnavailable "direct" rule without
@@ -509,39 +546,23 @@ func (h *Handler) serveConnect(w http.ResponseWriter, r *http.Request, p *Policy
 			}
 			return h.refuse(w, err)
 		}
-		id, limit := a.Target.ID, min(MaxAttempts, a.Rule.MaxAttempts)
 		start := time.Now()
 		tun, err := h.f.Connect(ctx, a.Target, authority)
 		if err != nil {
-			if ctx.Err() != nil {
-				h.d.Release(a, worker.Outcome{})
-				return resultCanceled
-			}
-			phase := transport.PhaseOf(err)
-			h.m.upstreamFailures[phase].Inc()
-			h.d.Release(a, worker.Outcome{Phase: phase})
-			h.log.Debug("upstream CONNECT failed", "proxy", id, "attempt", try+1, "err", err)
 			lastErr = err
-			if try+1 < limit && req.AddExclude(id) {
-				h.m.retries.Inc()
+			switch h.failedAttempt(ctx, a, &req, err, try, min(MaxAttempts, a.Rule.MaxAttempts)) {
+			case attemptCanceled:
+				return resultCanceled
+			case attemptRetry:
 				continue
 			}
 			return h.upstreamFailed(w, "upstream-", err)
 		}
 		h.m.upstreamConnect.Observe(time.Since(start).Seconds())
-		if err := h.d.Commit(a); err != nil {
-			_ = tun.Conn.Close()
-			h.d.Release(a, worker.Outcome{})
-			h.log.Error("committing allocation", "err", err)
-			writeError(w, http.StatusInternalServerError, "internal")
+		if !h.commit(w, a, tun.Conn) {
 			return resultUpstreamError
 		}
-		return h.tunnel(hj, tun, func(o worker.Outcome) {
-			if o.Phase != worker.PhaseNone {
-				h.m.upstreamFailures[o.Phase].Inc()
-			}
-			h.d.Release(a, o)
-		})
+		return h.tunnel(hj, tun, func(o worker.Outcome) { h.settle(a, o) })
 	}
 }
 

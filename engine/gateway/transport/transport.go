@@ -133,10 +133,26 @@ func New(o Options) *Transport {
 	o.defaults()
 	t := &Transport{opts: o}
 	t.dialer = net.Dialer{Timeout: o.DialTimeout, KeepAlive: 30 * time.Second}
-	t.rt = &http.Transport{
-		Proxy: proxyFromContext,
+	t.rt = newHTTPTransport(o, proxyFromContext, func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return t.dialer.DialContext(ctx, network, addr)
+	})
+	// Never a proxy, never a lookup of ours: only the addresses the
+	// destination guard returned are dialled.
+	t.direct = newHTTPTransport(o, nil, func(ctx context.Context, _, _ string) (net.Conn, error) {
+		addrs, _ := ctx.Value(directKey{}).([]netip.AddrPort)
+		return t.dialChecked(ctx, addrs)
+	})
+	return t
+}
+
+// newHTTPTransport builds the pooled HTTP/1.1 client shared by the proxied
+// and the direct path; dial failures are marked as dialError so that
+// PhaseOf can tell DIAL from later phases after net/http wrapped them.
+func newHTTPTransport(o Options, proxy func(*http.Request) (*url.URL, error), dial func(context.Context, string, string) (net.Conn, error)) *http.Transport {
+	return &http.Transport{
+		Proxy: proxy,
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := t.dialer.DialContext(ctx, network, addr)
+			c, err := dial(ctx, network, addr)
 			if err != nil {
 				return nil, &dialError{err}
 			}
@@ -151,31 +167,10 @@ func New(o Options) *Transport {
 		ResponseHeaderTimeout:  o.ResponseHeaderTimeout,
 		MaxResponseHeaderBytes: o.MaxResponseHeaderBytes,
 		ExpectContinueTimeout:  time.Second,
-		// HTTP/1.1 only towards upstream proxies.
+		// A non-nil empty map keeps net/http from negotiating HTTP/2:
+		// upstream proxies speak HTTP/1.1.
 		TLSNextProto: map[string]func(string, *tls.Conn) http.RoundTripper{},
 	}
-	t.direct = &http.Transport{
-		// Never a proxy, never a lookup of ours: only the addresses the
-		// destination guard returned are dialled.
-		Proxy: nil,
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			addrs, _ := ctx.Value(directKey{}).([]netip.AddrPort)
-			c, err := t.dialChecked(ctx, addrs)
-			if err != nil {
-				return nil, &dialError{err}
-			}
-			return c, nil
-		},
-		DisableCompression:     true,
-		MaxIdleConns:           o.MaxIdleConns,
-		MaxIdleConnsPerHost:    o.MaxIdleConnsPerProxy,
-		IdleConnTimeout:        o.IdleConnTimeout,
-		ResponseHeaderTimeout:  o.ResponseHeaderTimeout,
-		MaxResponseHeaderBytes: o.MaxResponseHeaderBytes,
-		ExpectContinueTimeout:  time.Second,
-		TLSNextProto:           map[string]func(string, *tls.Conn) http.RoundTripper{},
-	}
-	return t
 }
 
 // CloseIdleConnections closes every idle upstream connection (reload,

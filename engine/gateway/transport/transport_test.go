@@ -48,57 +48,28 @@ func get(t *testing.T, url string) *http.Request {
 // silentProxy accepts connections and reads but never answers.
 func silentProxy(t *testing.T) (string, uint16) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() { _, _ = io.Copy(io.Discard, c); c.Close() }()
-		}
-	}()
-	h, p, _ := net.SplitHostPort(ln.Addr().String())
-	n, _ := strconv.Atoi(p)
-	return h, uint16(n)
+	return gwtest.SplitAddr(t, gwtest.Serve(t, func(c net.Conn) {
+		_, _ = io.Copy(io.Discard, c)
+		c.Close()
+	}))
 }
 
 // scriptedProxy answers every connection with reply once it has read a
 // request head.
 func scriptedProxy(t *testing.T, reply string) (string, uint16) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
+	return gwtest.SplitAddr(t, gwtest.Serve(t, func(c net.Conn) {
+		defer c.Close()
+		br := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
+			line, err := br.ReadString('\n')
+			if err != nil || line == "\r\n" {
+				break
 			}
-			go func() {
-				defer c.Close()
-				br := bufio.NewReader(c)
-				for {
-					line, err := br.ReadString('\n')
-					if err != nil || line == "\r\n" {
-						break
-					}
-				}
-				_, _ = io.WriteString(c, reply)
-				_, _ = io.Copy(io.Discard, br)
-			}()
 		}
-	}()
-	h, p, _ := net.SplitHostPort(ln.Addr().String())
-	n, _ := strconv.Atoi(p)
-	return h, uint16(n)
+		_, _ = io.WriteString(c, reply)
+		_, _ = io.Copy(io.Discard, br)
+	}))
 }
 
 func TestRoundTripThroughUpstream(t *testing.T) {

@@ -94,9 +94,11 @@ func contains(l []string, s string) bool {
 	return false
 }
 
-// NewEchoServer starts a TCP server that echoes until the client
-// half-closes, then half-closes back. It returns the address.
-func NewEchoServer(t testing.TB) string {
+// Serve runs handle on every connection to a fresh loopback listener,
+// each in its own goroutine, until the test ends; it returns the address.
+// It is the raw-TCP peer (upstream proxy, target) of tests that need one
+// misbehaving in a way testenv does not script.
+func Serve(t testing.TB, handle func(net.Conn)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -109,14 +111,27 @@ func NewEchoServer(t testing.TB) string {
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				_, _ = io.Copy(c, c)
-				_ = c.(*net.TCPConn).CloseWrite()
-			}()
+			go handle(c)
 		}
 	}()
 	return ln.Addr().String()
+}
+
+// NewEchoServer starts a TCP server that echoes until the client
+// half-closes, then half-closes back. It returns the address.
+func NewEchoServer(t testing.TB) string {
+	t.Helper()
+	return Serve(t, func(c net.Conn) {
+		defer c.Close()
+		_, _ = io.Copy(c, c)
+		_ = c.(*net.TCPConn).CloseWrite()
+	})
+}
+
+// SplitAddr splits a loopback host:port as Serve returns it.
+func SplitAddr(t testing.TB, addr string) (string, uint16) {
+	t.Helper()
+	return splitAddr(t, addr)
 }
 
 // ClosedPort returns a loopback port nothing listens on.
