@@ -17,6 +17,7 @@ import (
 	"github.com/proxypool/proxypool/engine/controller/distribution"
 	ctlext "github.com/proxypool/proxypool/engine/controller/extraction"
 	"github.com/proxypool/proxypool/engine/controller/health"
+	"github.com/proxypool/proxypool/engine/controller/internal/loop"
 	"github.com/proxypool/proxypool/engine/controller/pool"
 	"github.com/proxypool/proxypool/engine/controller/provider"
 	ctlrouting "github.com/proxypool/proxypool/engine/controller/routing"
@@ -337,17 +338,12 @@ func (c *Controller) maintain(ctx context.Context) error {
 	if every <= 0 {
 		every = provider.DefaultReconcileEvery
 	}
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
+	loop.Run(ctx, every, nil, c.log, "controller maintenance", func(ctx context.Context) error {
 		c.skipDisabled(ctx)
 		c.flushAudit(ctx)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+		return nil
+	})
+	return nil
 }
 
 func (c *Controller) onPublished(_ string, s *worker.Snapshot) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -320,17 +321,32 @@ func TestControllerSequentialFailoverAndAdmin(t *testing.T) {
 	if us[1].Enabled || us[1].Fetch.Stopped != "disabled" {
 		t.Fatalf("vendor-b status = %+v", us[1])
 	}
+	// Every admin write is audited, refused ones included, with who, when,
+	// what and the result; newest first.
 	audit, err := wd.c.Audit(ctx, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var actions []string
+	var got []string
 	for _, e := range audit {
-		actions = append(actions, e.Action+":"+e.Result)
+		if e.Actor != "ops" || e.At.IsZero() {
+			t.Errorf("audit entry without actor or time: %+v", e)
+		}
+		result := "ok"
+		if e.Result != "ok" {
+			result = "refused"
+		}
+		got = append(got, e.Action+" "+e.Target+" "+result)
 	}
-	joined := strings.Join(actions, ",")
-	if !strings.Contains(joined, "routing.switch:ok") || !strings.Contains(joined, "upstream.disable:ok") {
-		t.Fatalf("audit = %v", actions)
+	want := []string{
+		"upstream.disable vendor-b ok",
+		"upstream.disable nope refused",
+		"routing.switch nope[0] refused",
+		"routing.switch seq[5] refused",
+		"routing.switch seq[0] ok",
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("audit =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/proxypool/proxypool/engine/controller/internal/loop"
 	ctlrouting "github.com/proxypool/proxypool/engine/controller/routing"
 	"github.com/proxypool/proxypool/engine/domain/activitypool"
 	"github.com/proxypool/proxypool/engine/domain/management"
@@ -86,11 +87,16 @@ type Publisher struct {
 	trigger chan struct{}
 	m       *metrics
 
-	mu      sync.Mutex // serialises publishes, so workers see versions in order
+	// mu serialises publishes so workers see versions in order, and so a
+	// Publish that returns has the last word: one running concurrently
+	// that read the exclusions before an Exclude cannot apply its older
+	// snapshot afterwards. Revocation for extraction relies on this.
+	mu      sync.Mutex
 	workers []*registered
 	version uint64
 	cursors map[string]routing.Cursor // last known, for a store outage
-	// cursorDown marks routings whose cursor read is failing.
+	// cursorDown marks routings whose cursor read is failing, so an outage
+	// is logged when it starts and ends rather than on every publish.
 	cursorDown map[string]bool
 	last       atomic.Pointer[worker.Snapshot]
 	applied    atomic.Uint64
@@ -211,19 +217,8 @@ func (p *Publisher) Workers() []WorkerState {
 
 // Run publishes every Every and on Trigger until ctx is done.
 func (p *Publisher) Run(ctx context.Context) error {
-	t := time.NewTicker(p.o.Every)
-	defer t.Stop()
-	for {
-		if err := p.Publish(ctx); err != nil && ctx.Err() == nil {
-			p.o.Logger.Warn("publishing snapshot", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		case <-p.trigger:
-		}
-	}
+	loop.Run(ctx, p.o.Every, p.trigger, p.o.Logger, "publishing snapshot", p.Publish)
+	return nil
 }
 
 // Publish builds and applies one snapshot per worker.

@@ -58,6 +58,9 @@ const (
 	DefaultMaxClients = 10000
 	// listLimit bounds the scan that looks for revocable proxies.
 	listLimit = 100000
+	// maxKeys bounds the idempotency keys remembered to spare retries a
+	// revocation; one forgotten early only costs the gateway some capacity.
+	maxKeys = 10000
 )
 
 // Config is the configured part of extraction (config.Extraction).
@@ -94,6 +97,9 @@ type Service struct {
 	cfg atomic.Pointer[Config]
 	m   *metrics
 	rl  *limiter
+	// keys are the idempotency keys of extractions made, until their
+	// record expires in the store.
+	keys *expiring
 
 	requests, returned, insufficient, replays, revoked atomic.Int64
 	extractMu                                          sync.Mutex
@@ -116,7 +122,7 @@ func New(o Options, cfg Config) *Service {
 	if o.MaxClients <= 0 {
 		o.MaxClients = DefaultMaxClients
 	}
-	s := &Service{o: o, m: newMetrics(o.Registry), rl: newLimiter(o.MaxClients)}
+	s := &Service{o: o, m: newMetrics(o.Registry), rl: newLimiter(o.MaxClients), keys: newExpiring(maxKeys)}
 	s.SetConfig(cfg)
 	return s
 }
@@ -188,6 +194,11 @@ func (s *Service) Extract(ctx context.Context, req extraction.Request) (extracti
 		s.m.requests.WithLabelValues("error").Inc()
 		return res, err
 	}
+	if !res.Replayed && req.IdempotencyKey != "" && req.IdempotencyTTL > 0 {
+		// now was read before the store wrote its record, so this expires
+		// no later than that record does.
+		s.keys.put(req.IdempotencyKey, now.Add(req.IdempotencyTTL), now)
+	}
 	if res.Replayed {
 		s.replays.Add(1)
 		s.m.replays.Inc()
@@ -219,10 +230,26 @@ func (s *Service) extract(ctx context.Context, req *extraction.Request) (extract
 	}
 	s.extractMu.Lock()
 	defer s.extractMu.Unlock()
+	if req.IdempotencyKey != "" && s.keys.live(req.IdempotencyKey, s.o.Now()) {
+		// A retry of an extraction already made: the store answers it from
+		// its record (or refuses a changed request), so revoking gateway
+		// capacity first would take it away for nothing.
+		return s.o.Store.Extract(ctx, *req)
+	}
 	unowned, owned, room, err := s.eligible(ctx, req)
 	if err != nil {
 		return extraction.Result{}, err
 	}
+	// Hold the unowned eligible proxies back from assignment while this
+	// extraction runs: a publish (the one below, or the background loop's)
+	// would otherwise hand them to a worker, and the extraction would come
+	// up short, or refuse an allOrNothing request, that the pool could fill.
+	free := make([]proxy.ID, len(unowned))
+	for i := range unowned {
+		free[i] = unowned[i].ID
+	}
+	s.o.Publisher.Exclude(free)
+	defer s.o.Publisher.Include(free)
 	// What the store could hand out at most: the eligible ones, less what
 	// reserveForGateway keeps. Revoking beyond that would only take
 	// capacity from the gateway for nothing, and an allOrNothing request
@@ -414,6 +441,46 @@ func (l *limiter) evictLocked() {
 		}
 	}
 	delete(l.clients, oldest)
+}
+
+// expiring is a bounded set of keys with an expiry; when full, the entry
+// expiring first is evicted.
+type expiring struct {
+	mu   sync.Mutex
+	max  int
+	keys map[string]time.Time
+}
+
+func newExpiring(n int) *expiring { return &expiring{max: n, keys: map[string]time.Time{}} }
+
+func (e *expiring) put(k string, until, now time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, ok := e.keys[k]; !ok && len(e.keys) >= e.max {
+		var first string
+		for key, at := range e.keys {
+			if !now.Before(at) { // expired: any will do
+				first = key
+				break
+			}
+			if first == "" || at.Before(e.keys[first]) {
+				first = key
+			}
+		}
+		delete(e.keys, first)
+	}
+	e.keys[k] = until
+}
+
+func (e *expiring) live(k string, now time.Time) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	until, ok := e.keys[k]
+	if ok && !now.Before(until) {
+		delete(e.keys, k)
+		return false
+	}
+	return ok
 }
 
 type metrics struct {

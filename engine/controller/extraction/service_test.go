@@ -334,6 +334,34 @@ func TestRateLimiterTableIsBounded(t *testing.T) {
 	}
 }
 
+// The snapshot published to revoke gateway proxies must not hand the
+// unowned proxies the extraction counted on to the gateway instead.
+func TestRevokeKeepsUnownedForTheExtraction(t *testing.T) {
+	for _, f := range []extraction.Fulfillment{extraction.Partial, extraction.AllOrNothing} {
+		t.Run(string(f), func(t *testing.T) {
+			e := newEnv(t, 3, defaultConfig())
+			ctx := context.Background()
+			if err := e.pool.SetOwner(ctx, e.ids[:1], ""); err != nil {
+				t.Fatal(err)
+			}
+			res, err := e.svc.Extract(ctx, req("c1", 2, f))
+			if err != nil || res.Returned != 2 {
+				t.Fatalf("extract = %d proxies, %v; want 2 (one unowned, one revoked)", res.Returned, err)
+			}
+			got := map[proxy.ID]bool{}
+			for _, p := range res.Proxies {
+				got[p.ID] = true
+			}
+			if !got[e.ids[0]] {
+				t.Fatalf("the unowned proxy was not the one extracted first: %v", got)
+			}
+			if c := e.svc.Counters(); c.Revoked != 1 {
+				t.Fatalf("revoked %d, want only the one missing", c.Revoked)
+			}
+		})
+	}
+}
+
 func TestIdempotentReplay(t *testing.T) {
 	e := newEnv(t, 5, defaultConfig())
 	ctx := context.Background()
@@ -354,8 +382,31 @@ func TestIdempotentReplay(t *testing.T) {
 	if _, err := e.svc.Extract(ctx, r); !errors.Is(err, extraction.ErrIdempotencyConflict) {
 		t.Fatalf("err = %v, want idempotency conflict", err)
 	}
-	if c := e.svc.Counters(); c.Replays != 1 || c.Returned != 2 {
+	// Neither the retry nor the changed request took capacity from the
+	// gateway: only the first extraction revoked (every proxy is owned).
+	if c := e.svc.Counters(); c.Replays != 1 || c.Returned != 2 || c.Revoked != 2 {
 		t.Fatalf("counters = %+v", c)
+	}
+	// The configured idempotency TTL (1 min) applies when the request
+	// names none: just inside it the key still replays, past it the same
+	// key is a new extraction that hands out other proxies.
+	r.Count = 2
+	e.setNow(t0.Add(59 * time.Second))
+	if again, err := e.svc.Extract(ctx, r); err != nil || !again.Replayed {
+		t.Fatalf("replay inside the TTL = %+v, %v", again, err)
+	}
+	e.setNow(t0.Add(61 * time.Second))
+	fresh, err := e.svc.Extract(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fresh.Replayed || fresh.Returned != 2 {
+		t.Fatalf("after the TTL = %+v, want a new extraction", fresh)
+	}
+	for _, p := range fresh.Proxies {
+		if p.ID == first.Proxies[0].ID || p.ID == first.Proxies[1].ID {
+			t.Fatalf("%s handed out again after the idempotency TTL", p.ID)
+		}
 	}
 }
 
@@ -368,5 +419,32 @@ func TestNoPublisherExtractsUnowned(t *testing.T) {
 	res, err := svc.Extract(context.Background(), req("c", 3, extraction.AllOrNothing))
 	if err != nil || res.Returned != 3 {
 		t.Fatalf("= %+v, %v", res, err)
+	}
+}
+
+func TestExpiringKeysAreBounded(t *testing.T) {
+	k := newExpiring(2)
+	k.put("a", t0.Add(time.Minute), t0)
+	k.put("b", t0.Add(2*time.Minute), t0)
+	k.put("c", t0.Add(3*time.Minute), t0) // evicts a, the first to expire
+	cases := []struct {
+		key  string
+		at   time.Time
+		live bool
+	}{
+		{"a", t0, false},
+		{"b", t0, true},
+		{"c", t0.Add(2 * time.Minute), true},
+		{"c", t0.Add(3 * time.Minute), false},
+	}
+	for _, tc := range cases {
+		t.Run(tc.key+" "+tc.at.Format(time.TimeOnly), func(t *testing.T) {
+			if got := k.live(tc.key, tc.at); got != tc.live {
+				t.Fatalf("live = %v, want %v", got, tc.live)
+			}
+		})
+	}
+	if len(k.keys) > 2 {
+		t.Fatalf("%d keys kept, bound 2", len(k.keys))
 	}
 }

@@ -115,27 +115,21 @@ func Reduce(state proxy.State, fails int, obs checker.Observation, p Policy) (pr
 	}
 	ok := Passed(obs, p)
 	switch state {
-	case proxy.StateChecking:
-		if ok {
-			return proxy.StateAvailable, 0
-		}
-		if fails+1 >= p.threshold() {
-			return proxy.StateUnhealthy, fails + 1
-		}
-		return proxy.StateChecking, fails + 1
 	case proxy.StateAvailable:
 		if ok {
 			return proxy.StateAvailable, 0
 		}
 		return proxy.StateSuspect, 1
-	case proxy.StateSuspect:
+	case proxy.StateChecking, proxy.StateSuspect:
+		// A new proxy and a suspect one are judged alike: one pass proves
+		// it, failures are retried in place up to the threshold.
 		if ok {
 			return proxy.StateAvailable, 0
 		}
 		if fails+1 >= p.threshold() {
 			return proxy.StateUnhealthy, fails + 1
 		}
-		return proxy.StateSuspect, fails + 1
+		return state, fails + 1
 	}
 	return state, fails
 }

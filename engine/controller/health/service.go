@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/proxypool/proxypool/engine/checker"
+	"github.com/proxypool/proxypool/engine/controller/internal/loop"
 	"github.com/proxypool/proxypool/engine/domain/activitypool"
 	"github.com/proxypool/proxypool/engine/domain/proxy"
 )
@@ -543,18 +544,8 @@ func due(p *proxy.Proxy, pol Policy, now time.Time, stretch time.Duration) bool 
 
 // Run sweeps every SweepEvery until ctx is done.
 func (s *Service) Run(ctx context.Context) error {
-	t := time.NewTicker(s.o.SweepEvery)
-	defer t.Stop()
-	for {
-		if err := s.Sweep(ctx); err != nil && ctx.Err() == nil {
-			s.o.Logger.Warn("health sweep", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		}
-	}
+	loop.Run(ctx, s.o.SweepEvery, nil, s.o.Logger, "health sweep", s.Sweep)
+	return nil
 }
 
 type metrics struct {

@@ -55,6 +55,17 @@ func (q *queue) setStats(st checker.Stats) {
 	q.mu.Unlock()
 }
 
+// takeNormal drains the queue and counts the ordinary rechecks in it.
+func (q *queue) takeNormal() int {
+	n := 0
+	for _, tk := range q.take() {
+		if tk.Priority == checker.PriorityNormal {
+			n++
+		}
+	}
+	return n
+}
+
 func (q *queue) take() []checker.Task {
 	q.mu.Lock()
 	defer q.mu.Unlock()
@@ -421,12 +432,7 @@ func TestBacklogSlowsOrdinaryRechecksOnly(t *testing.T) {
 	if err := s.Sweep(ctx); err != nil {
 		t.Fatal(err)
 	}
-	normal = 0
-	for _, tk := range q.take() {
-		if tk.Priority == checker.PriorityNormal {
-			normal++
-		}
-	}
+	normal = q.takeNormal()
 	if normal != 3 {
 		t.Fatalf("%d ordinary rechecks queued under backlog, want 3", normal)
 	}
@@ -438,12 +444,7 @@ func TestBacklogSlowsOrdinaryRechecksOnly(t *testing.T) {
 	if err := s.Sweep(ctx); err != nil {
 		t.Fatal(err)
 	}
-	normal = 0
-	for _, tk := range q.take() {
-		if tk.Priority == checker.PriorityNormal {
-			normal++
-		}
-	}
+	normal = q.takeNormal()
 	if normal != 19 {
 		t.Fatalf("%d rechecks without backlog, want 19", normal)
 	}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/proxypool/proxypool/engine/controller/internal/loop"
 	"github.com/proxypool/proxypool/engine/domain/activitypool"
 	"github.com/proxypool/proxypool/engine/domain/proxy"
 	"github.com/proxypool/proxypool/engine/domain/worker"
@@ -113,19 +114,11 @@ func (l *Lifecycle) Signal() {
 
 // Run ticks every Every or on Signal until ctx is done.
 func (l *Lifecycle) Run(ctx context.Context) error {
-	t := time.NewTicker(l.o.Every)
-	defer t.Stop()
-	for {
-		if _, err := l.Tick(ctx); err != nil && ctx.Err() == nil {
-			l.o.Logger.Warn("pool lifecycle tick", "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-t.C:
-		case <-l.signal:
-		}
-	}
+	loop.Run(ctx, l.o.Every, l.signal, l.o.Logger, "pool lifecycle tick", func(ctx context.Context) error {
+		_, err := l.Tick(ctx)
+		return err
+	})
+	return nil
 }
 
 // Tick performs one bounded pass.
@@ -161,7 +154,9 @@ func (l *Lifecycle) Tick(ctx context.Context) (Result, error) {
 		return true
 	}
 
-	// AVAILABLE past its usable period, or of a removed upstream: drain.
+	// Past its usable period (or with its upstream gone) a proxy must take
+	// no new allocation, but requests already on it may finish: it drains
+	// rather than expiring at once.
 	version := l.version()
 	for _, p := range list(proxy.StateAvailable) {
 		if budget <= 0 {

@@ -1,12 +1,10 @@
 package provider
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -29,27 +27,9 @@ func (quotingAdapter) ParseResponse(_ context.Context, resp upstream.Response, _
 	return upstream.ParseResult{}, fmt.Errorf("bad body %q", resp.Body)
 }
 
-// syncBuffer is a log sink safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestParseFailureKeepsNoResponseText(t *testing.T) {
 	v := startVendor(t, 5) // proxies 127.0.0.1:20000.. with password pw-secret
-	logs := &syncBuffer{}
+	logs := &ctltest.LogBuffer{}
 	f := newFixture(t, upCfg(t, v.URL()), &quotingAdapter{}, func(o *RuntimeOptions) {
 		o.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	})

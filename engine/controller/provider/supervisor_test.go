@@ -3,6 +3,7 @@ package provider
 import (
 	"context"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -114,6 +115,23 @@ func TestSupervisorLifecycle(t *testing.T) {
 	bad.Provider.Plugin = "missing"
 	if err := s.Update(&config.Config{Upstreams: []config.Upstream{a, bad}, Security: cfg.Security}, providers); err == nil {
 		t.Fatal("update with a missing plugin succeeded")
+	}
+	expect("vendor-b")
+
+	// A replacement that fails its pre-check is never published: the old
+	// runtime keeps running, untouched.
+	unsafe := b3
+	unsafe.Fetch.EstimatedIPsPerCall = 3
+	unsafe.Provider.Params = config.StringMap{"url": "ftp://vendor.example/"}
+	err = s.Update(&config.Config{Upstreams: []config.Upstream{a, unsafe, c}, Security: cfg.Security}, providers)
+	if err == nil || !strings.Contains(err.Error(), "pre-checking provider") {
+		t.Fatalf("update with a failing pre-check = %v", err)
+	}
+	s.mu.Lock()
+	kept := s.runs["vendor-b"].rt == newB
+	s.mu.Unlock()
+	if !kept {
+		t.Fatal("a runtime that failed its pre-check replaced the old one")
 	}
 	expect("vendor-b")
 

@@ -1,10 +1,12 @@
 // Package ctltest holds test helpers shared by the controller's packages:
-// a provider adapter for testenv's simulated vendor, a provider set, and a
-// small in-memory gateway worker. It is imported by tests only and must
-// never be imported by production code.
+// a provider adapter for testenv's simulated vendor, a provider set, a
+// small in-memory gateway worker and a log sink safe for concurrent
+// writes. It is imported by tests only and must never be imported by
+// production code.
 package ctltest
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -258,4 +260,25 @@ func AddAvailable(ctx context.Context, p activitypool.Pool, up string, n, firstP
 		}
 	}
 	return res.Added, nil
+}
+
+// LogBuffer is a log sink safe for concurrent writes, for tests that read
+// what a component's goroutines logged.
+type LogBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write implements io.Writer.
+func (l *LogBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String returns everything written so far.
+func (l *LogBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
