@@ -1,0 +1,343 @@
+package redisstore
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/proxypool/proxypool/engine/config"
+)
+
+// ErrUnavailable wraps every failure to reach Redis (refused, timed out,
+// connection lost mid-command): the caller stops fetching, extracting and
+// changing ownership (seed 000 §18) and retries later.
+var ErrUnavailable = errors.New("redis activity store unavailable")
+
+// ErrGenerationChanged is returned by an operation that found Redis on
+// another generation than the one this process knew: Redis lost its state
+// (a restart without persistence, a flush, a failover to an empty replica)
+// or another process already detected that and started a new generation.
+// The operation changed nothing; the store has adopted the new generation,
+// so a retry runs against it. Everything learned before — proxy IDs,
+// leases, permits, ownership — belongs to the old generation and is void.
+var ErrGenerationChanged = errors.New("redis generation changed: state was lost")
+
+// GenerationError carries both generations; errors.Is(err,
+// ErrGenerationChanged) holds.
+type GenerationError struct{ Old, New string }
+
+func (e *GenerationError) Error() string {
+	return fmt.Sprintf("redis generation changed from %s to %s: state was lost", e.Old, e.New)
+}
+
+// Is makes errors.Is(err, ErrGenerationChanged) true.
+func (e *GenerationError) Is(target error) bool { return target == ErrGenerationChanged }
+
+// Client defaults; every bound is explicit so an unreachable server turns
+// into an error within OpTimeout rather than a hang.
+const (
+	DefaultNamespace   = "proxypool"
+	DefaultDialTimeout = 2 * time.Second
+	DefaultIOTimeout   = 2 * time.Second
+	DefaultOpTimeout   = 3 * time.Second
+	DefaultPoolSize    = 64
+)
+
+// Options tune the store; zero values take the defaults.
+type Options struct {
+	// Namespace prefixes every key as "{namespace}:", a hash tag that puts
+	// all keys in one cluster slot (the scripts touch many keys at once).
+	// Two fleets, or two tests, sharing a server use two namespaces.
+	Namespace string
+	// OpTimeout bounds every operation, whatever the caller's context.
+	OpTimeout time.Duration
+	// HardExpiryGrace is how long past ExpiresAt (or past admission, when
+	// already expired) a proxy's key lives before Redis deletes it.
+	HardExpiryGrace time.Duration
+	// IdempotencyTTL applies when a request carries a key but no TTL.
+	IdempotencyTTL time.Duration
+	// MaxExamined bounds the candidates one extraction examines, so a
+	// filter matching nothing in a huge pool cannot stall Redis; past it
+	// the extraction acts as if the pool were exhausted.
+	MaxExamined int
+	// MaxList bounds List without a Limit.
+	MaxList int
+	// OnGeneration is called (once per change, from the operation that saw
+	// it) when Redis turned out to be on a new generation.
+	OnGeneration func(old, new string)
+	Logger       *slog.Logger
+}
+
+// Pool defaults.
+const (
+	DefaultHardExpiryGrace = time.Minute
+	DefaultIdempotencyTTL  = 10 * time.Minute
+	DefaultMaxExamined     = 100_000
+	DefaultMaxList         = 100_000
+	sweepBatch             = 10_000
+)
+
+func (o *Options) defaults() error {
+	if o.Namespace == "" {
+		o.Namespace = DefaultNamespace
+	}
+	if strings.ContainsAny(o.Namespace, "{}") {
+		return fmt.Errorf("redis namespace %q must not contain braces", o.Namespace)
+	}
+	if o.OpTimeout <= 0 {
+		o.OpTimeout = DefaultOpTimeout
+	}
+	if o.HardExpiryGrace <= 0 {
+		o.HardExpiryGrace = DefaultHardExpiryGrace
+	}
+	if o.IdempotencyTTL <= 0 {
+		o.IdempotencyTTL = DefaultIdempotencyTTL
+	}
+	if o.MaxExamined <= 0 {
+		o.MaxExamined = DefaultMaxExamined
+	}
+	if o.MaxList <= 0 {
+		o.MaxList = DefaultMaxList
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return nil
+}
+
+// NewClient builds the go-redis client of a storage.redis section: the URL
+// (redis:// or rediss://), the password secret (which wins over one in the
+// URL), TLS, and bounded timeouts. Commands are never retried by the
+// client: a retried extraction whose reply was lost would consume proxies
+// twice.
+func NewClient(c config.Redis) (*redis.Client, error) {
+	if c.URL == "" {
+		return nil, errors.New("redis: storage.redis.url is empty")
+	}
+	o, err := redis.ParseURL(c.URL)
+	if err != nil {
+		// The parse error may echo the URL, password included.
+		return nil, errors.New("redis: storage.redis.url is not a valid redis:// or rediss:// URL")
+	}
+	if v := c.Password.Value(); v != "" {
+		o.Password = v
+	}
+	if c.TLS.Enabled || o.TLSConfig != nil {
+		host := o.Addr
+		if h, _, ok := strings.Cut(o.Addr, ":"); ok {
+			host = h
+		}
+		if o.TLSConfig, err = clientTLS(c.TLS, host); err != nil {
+			return nil, fmt.Errorf("redis: %w", err)
+		}
+	}
+	o.DialTimeout = DefaultDialTimeout
+	o.ReadTimeout = DefaultIOTimeout
+	o.WriteTimeout = DefaultIOTimeout
+	o.PoolTimeout = DefaultOpTimeout
+	o.PoolSize = DefaultPoolSize
+	// No idle connections kept warm: they would redial an unreachable
+	// server in the background.
+	o.MinIdleConns = 0
+	o.DialerRetries = 2
+	o.MaxRetries = -1
+	o.ContextTimeoutEnabled = true
+	o.DisableIdentity = true
+	return redis.NewClient(o), nil
+}
+
+func clientTLS(c config.TLS, host string) (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.ServerName, InsecureSkipVerify: c.InsecureSkipVerify} //nolint:gosec // explicit opt-in
+	if tc.ServerName == "" {
+		tc.ServerName = host
+	}
+	if c.CAFile != "" {
+		pem, err := os.ReadFile(c.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("tls ca file: %w", err)
+		}
+		roots := x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(pem) {
+			return nil, errors.New("tls ca file: no PEM certificate found")
+		}
+		tc.RootCAs = roots
+	}
+	if c.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("tls client certificate: %w", err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
+	}
+	return tc, nil
+}
+
+// core is what the Pool and the Coordinator share: the client, the key
+// prefix and the generation this process believes in.
+type core struct {
+	rdb     redis.UniversalClient
+	k       string // "{namespace}:"
+	opts    Options
+	gen     atomic.Pointer[string]
+	changes atomic.Uint64
+	owns    bool // Close closes rdb
+}
+
+func newCore(ctx context.Context, rdb redis.UniversalClient, o Options) (*core, error) {
+	if err := o.defaults(); err != nil {
+		return nil, err
+	}
+	c := &core{rdb: rdb, k: "{" + o.Namespace + "}:", opts: o}
+	ctx, cancel := context.WithTimeout(ctx, o.OpTimeout)
+	defer cancel()
+	g, err := c.ensureGeneration(ctx)
+	if err != nil {
+		return nil, unavailable("open redis activity store", err)
+	}
+	c.gen.Store(&g)
+	return c, nil
+}
+
+func unavailable(what string, err error) error {
+	return fmt.Errorf("%s: %w: %w", what, ErrUnavailable, err)
+}
+
+// ensureGeneration returns the server's generation, creating one when the
+// key is missing: a fresh server, or one that lost its state.
+func (c *core) ensureGeneration(ctx context.Context) (string, error) {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	fresh := hex.EncodeToString(b[:])
+	if err := c.rdb.SetNX(ctx, c.k+"gen", fresh, 0).Err(); err != nil {
+		return "", err
+	}
+	return c.rdb.Get(ctx, c.k+"gen").Result()
+}
+
+// Generation is the Redis generation this process currently uses.
+func (c *core) Generation() string { return *c.gen.Load() }
+
+// GenerationChanges counts the generation changes this process saw.
+func (c *core) GenerationChanges() uint64 { return c.changes.Load() }
+
+// adopt switches to the server's generation after a script reported
+// another one (seen == "" when the key is gone) and returns the error the
+// operation reports.
+func (c *core) adopt(ctx context.Context, what, old, seen string) error {
+	next := seen
+	if next == "" {
+		g, err := c.ensureGeneration(ctx)
+		if err != nil {
+			return unavailable(what, fmt.Errorf("redis lost its state; creating a new generation: %w", err))
+		}
+		next = g
+	}
+	if c.swapIf(old, next) {
+		c.changes.Add(1)
+		c.opts.Logger.Warn("redis generation changed: state lost, everything of the old generation is void",
+			"component", "redisstore", "old", old, "new", next)
+		if c.opts.OnGeneration != nil {
+			c.opts.OnGeneration(old, next)
+		}
+	}
+	return fmt.Errorf("%s: %w", what, &GenerationError{Old: old, New: next})
+}
+
+// swapIf replaces the generation when it still is old (CompareAndSwap on
+// the pointer compares addresses, not strings).
+func (c *core) swapIf(old, next string) bool {
+	for {
+		p := c.gen.Load()
+		if *p != old {
+			return false
+		}
+		if c.gen.CompareAndSwap(p, &next) {
+			return true
+		}
+	}
+}
+
+// run executes a script under the operation timeout with the prefix and
+// gen as ARGV[1..2], translating transport failures and generation
+// mismatches. The reply is the script's array; reply[0] is its status.
+func (c *core) run(parent context.Context, s *redis.Script, what, gen string, args ...any) ([]any, error) {
+	if err := parent.Err(); err != nil {
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	ctx, cancel := context.WithTimeout(parent, c.opts.OpTimeout)
+	defer cancel()
+	argv := make([]any, 0, len(args)+2)
+	argv = append(argv, c.k, gen)
+	argv = append(argv, args...)
+	res, err := s.Run(ctx, c.rdb, []string{c.k + "gen"}, argv...).Slice()
+	if err != nil {
+		if parent.Err() != nil {
+			// The caller gave up; that says nothing about Redis.
+			return nil, fmt.Errorf("%s: %w", what, err)
+		}
+		return nil, unavailable(what, err)
+	}
+	if len(res) == 0 {
+		return nil, unavailable(what, errors.New("empty script reply"))
+	}
+	if st, _ := res[0].(string); st == "GEN" {
+		seen, _ := res[1].(string)
+		return nil, c.adopt(ctx, what, gen, seen)
+	}
+	return res, nil
+}
+
+func status(res []any) string { s, _ := res[0].(string); return s }
+
+func toInt(v any) int64 {
+	switch x := v.(type) {
+	case int64:
+		return x
+	case string:
+		n, _ := strconv.ParseInt(x, 10, 64)
+		return n
+	}
+	return 0
+}
+
+func toStr(v any) string {
+	switch x := v.(type) {
+	case string:
+		return x
+	case int64:
+		return strconv.FormatInt(x, 10)
+	}
+	return ""
+}
+
+func micros(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return strconv.FormatInt(t.UnixMicro(), 10)
+}
+
+func fromMicros(s string) time.Time {
+	if s == "" {
+		return time.Time{}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return time.Time{}
+	}
+	return time.UnixMicro(n).UTC()
+}

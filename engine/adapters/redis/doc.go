@@ -1,0 +1,44 @@
+// Package redisstore is the cluster activity pool and coordination store on
+// Redis (SPEC §5, seed 000 §8, §10.2, §11, §12.2, §18).
+//
+// Pool implements activitypool.Pool with the embedded pool's semantics and
+// passes the same contract suite (engine/adapters/storetest). Each proxy is
+// a hash whose key expires server-side at max(ExpiresAt, admission) +
+// HardExpiryGrace. Per upstream, sorted sets index the ids of each state
+// (scored by key expiry, so counts skip what Redis already expired), the
+// AVAILABLE proxies and the unowned AVAILABLE ones (scored by UsableUntil,
+// ties newest admission first), with a running sum of their slots; a
+// global free index serves extractions without an upstream filter.
+// Extraction, inventory and admission therefore cost O(log n + candidates
+// examined), not the pool size. Every mutation is one Lua script (EVALSHA,
+// falling back to EVAL on NOSCRIPT), so a batch extraction — selection with
+// Filters.Eligible's rules, the reserve, partial / allOrNothing, the moves
+// to EXTRACTED and the TTL-bound idempotency result — is atomic.
+//
+// OwnerLease (GrantOwnerLease, RenewOwnerLease, ReleaseOwnerLease,
+// AssignOwner, ReclaimOwner) fences worker ownership with epochs: a lost
+// worker's proxies are reclaimed only once its lease expired.
+//
+// Coordinator holds the provider fetch leader lease per upstream
+// (generation + monotonic epoch fence), the requestInterval, maxInFlight
+// and maxTotal decisions (with pending expected amounts and idempotent
+// settlement across leader changes), client rate limits (GCRA) and worker
+// heartbeats. Every uncertainty fails closed.
+//
+// Generations: a key holds a random generation id; every script checks it.
+// When Redis lost its state the key is gone, the first operation to notice
+// creates a new one (SET NX, so all processes agree) and returns
+// ErrGenerationChanged; every lease, permit and proxy ID of the old
+// generation is void. Nothing is ever restored from PostgreSQL: providers
+// refill the pool.
+//
+// Keys are "{namespace}:…" (one hash tag, so one cluster slot). Bounds: the
+// client's dial/read/write/pool timeouts, OpTimeout per operation (no
+// operation waits on an unreachable server longer), no client-side retries
+// (a retried extraction would consume twice), MaxExamined candidates per
+// extraction, MaxList, MaxWorkers, the sweep batch.
+//
+// This package must never import the PostgreSQL driver, net/http, the
+// gateway or the controller: it depends on the domain contracts and
+// engine/config only.
+package redisstore

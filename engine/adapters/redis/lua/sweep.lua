@@ -1,0 +1,37 @@
+-- ARGV: 3 max entries examined per index. Housekeeping that key TTLs cannot
+-- do: drop ids of server-expired entries from the state indexes, delete
+-- REMOVED entries (as the embedded Sweep does), drop index members whose
+-- entry expired server-side (correcting the slot sums) and forget emptied
+-- upstreams. Returns removed, ghosts dropped.
+local bad = genmismatch(); if bad then return bad end
+local limit = tonumber(ARGV[3])
+local now = nowus()
+local nowms = s(math.floor(now / 1000))
+local removed, ghosts = 0, 0
+for _, up in ipairs(redis.call('SMEMBERS', K .. 'ups')) do
+  local live = 0
+  for st = 1, 9 do
+    ghosts = ghosts + redis.call('ZREMRANGEBYSCORE', skey(up, st), '-inf', '(' .. nowms)
+  end
+  for _, id in ipairs(redis.call('ZRANGE', skey(up, REMOVED), 0, limit - 1)) do
+    local e = redis.call('HMGET', pkey(id), 'st', 'up', 'm', 'ow')
+    if e[1] then
+      delEntry(id, tonumber(e[1]), e[2], e[3], e[4])
+    else
+      redis.call('ZREM', skey(up, REMOVED), id)
+    end
+    removed = removed + 1
+  end
+  for _, m in ipairs(redis.call('ZRANGEBYSCORE', avkey(up), '-inf', s(now), 'LIMIT', 0, limit)) do
+    if redis.call('HGET', pkey(idOf(m)), 'm') ~= m then
+      delAvail(up, m)
+      ghosts = ghosts + 1
+    end
+  end
+  for st = 1, 9 do live = live + redis.call('ZCARD', skey(up, st)) end
+  if live == 0 and redis.call('ZCARD', avkey(up)) == 0 then
+    redis.call('SREM', K .. 'ups', up)
+    redis.call('DEL', sskey(up), frkey(up))
+  end
+end
+return {'OK', removed, ghosts}
