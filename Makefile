@@ -5,9 +5,9 @@ GO ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo 0.0.0-dev)
 LDFLAGS := -s -w -X github.com/proxypool/proxypool/engine/version.Version=$(VERSION)
 BIN := bin
-CMDS := proxypool
+CMDS := proxypool proxy-controller
 
-.PHONY: all build run test test-short lint fmt bench fuzz clean deps
+.PHONY: all build run test test-short lint fmt bench fuzz clean deps plugins
 
 all: build
 
@@ -48,8 +48,13 @@ bench:
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 20s ./engine/config/
 
+# WASM provider plugins: plugins/src/NAME/ -> plugins/NAME.wasm
+plugins:
+	./plugins/build.sh
+
 clean:
 	rm -rf $(BIN) .run dist
+	rm -f plugins/*.wasm
 
 # Linux packages (SPEC §10): dist/proxypool_<version>_<arch>.deb and
 # dist/proxypool-<version>-1.<arch>.rpm for each PKG_ARCHES, built with the
@@ -59,7 +64,7 @@ PKG_ARCHES ?= amd64 arm64
 
 .PHONY: package package-test
 
-package:
+package: plugins
 	@set -e; for arch in $(PKG_ARCHES); do \
 	  echo "build linux/$$arch"; mkdir -p $(BIN)/linux_$$arch; \
 	  CGO_ENABLED=0 GOOS=linux GOARCH=$$arch $(GO) build -trimpath -ldflags '$(LDFLAGS)' \

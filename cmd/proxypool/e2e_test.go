@@ -119,8 +119,8 @@ func freeAddr(t *testing.T) string {
 	return fmt.Sprintf("127.0.0.1:%d", p)
 }
 
-func (w *world) config(gw, dist, admin, stateDir string) string {
-	return fmt.Sprintf(`listeners:
+func (w *world) config(gw, dist, admin, stateDir, storage string) string {
+	return fmt.Sprintf(`%slisteners:
   gateway: %s
   distribution: %s
   admin: %s
@@ -141,18 +141,20 @@ extraction:
   minRemainingTTL: 10s
 security:
   allowLoopbackDestinations: true
-`, gw, dist, admin, stateDir, w.vendor.URL())
+`, storage, gw, dist, admin, stateDir, w.vendor.URL())
 }
 
-func start(t *testing.T, w *world) *proc {
+func start(t *testing.T, w *world) *proc { return startWith(t, w, "", nil) }
+
+func startWith(t *testing.T, w *world, storage string, env []string) *proc {
 	t.Helper()
 	dir := t.TempDir()
 	p := &proc{cfgPath: filepath.Join(dir, "proxypool.yaml"), gateway: freeAddr(t), dist: freeAddr(t), admin: freeAddr(t), logs: &syncBuffer{}, exited: make(chan struct{})}
-	if err := os.WriteFile(p.cfgPath, []byte(w.config(p.gateway, p.dist, p.admin, filepath.Join(dir, "state"))), 0o600); err != nil {
+	if err := os.WriteFile(p.cfgPath, []byte(w.config(p.gateway, p.dist, p.admin, filepath.Join(dir, "state"), storage)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	p.cmd = exec.Command(binary, "run", "--config", p.cfgPath)
-	p.cmd.Env = append(os.Environ(), "E2E_VENDOR_KEY=vendor-key", "NOTIFY_SOCKET=")
+	p.cmd.Env = append(append(os.Environ(), "E2E_VENDOR_KEY=vendor-key", "NOTIFY_SOCKET="), env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -424,5 +426,62 @@ func getJSON(t *testing.T, u string, v any) {
 	}
 	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The same appliance on cluster storage: the activity pool in a real Redis,
+// management state in a real PostgreSQL, both started by testenv.
+func TestEndToEndClusterStorage(t *testing.T) {
+	rds := testenv.StartRedis(t)
+	pg := testenv.StartPostgres(t)
+	w := newWorld(t, 3)
+	storage := fmt.Sprintf(`storage:
+  mode: cluster
+  redis: {url: "%s"}
+  postgres: {url: "%s", migrateOnStart: true, fingerprintKey: "env:E2E_FP_KEY"}
+`, rds.URL(), pg.URL())
+	p := startWith(t, w, storage, []string{"E2E_FP_KEY=fingerprint-key"})
+	ids := map[string]bool{}
+	for _, u := range w.upstreams {
+		ids[u.ID()] = true
+	}
+	if r := viaGateway(t, p, w.target.URL()+"/cluster"); !ids[r.UpstreamProxy] {
+		t.Fatalf("target saw %+v", r)
+	}
+	resp, err := http.Post("http://"+p.dist+"/v1/extract", "application/json", strings.NewReader(`{"count": 1, "fulfillment": "allOrNothing"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !bytes.Contains(b, []byte(`"returned":1`)) {
+		t.Fatalf("extract on Redis: %d %s", resp.StatusCode, b)
+	}
+	// An admin write lands in PostgreSQL's audit log.
+	resp, err = http.Post("http://"+p.admin+"/v1/admin/upstreams/vendor/disable", "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("disable: %d", resp.StatusCode)
+	}
+	var audit struct {
+		Entries []struct{ Action, Target, Result string }
+	}
+	getJSON(t, "http://"+p.admin+"/v1/admin/audit?limit=5", &audit)
+	if len(audit.Entries) == 0 || audit.Entries[0].Action != "upstream.disable" || audit.Entries[0].Target != "vendor" {
+		t.Fatalf("audit %+v", audit)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.exited:
+	case <-time.After(20 * time.Second):
+		t.Fatal("did not exit after SIGTERM")
+	}
+	if p.exitCode != 0 {
+		t.Fatalf("exit code %d", p.exitCode)
 	}
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/proxypool/proxypool/engine/adapters/plugin"
 	_ "github.com/proxypool/proxypool/engine/adapters/plugin/expr" // the expr template kind
+	_ "github.com/proxypool/proxypool/engine/adapters/plugin/wasm" // the WASM module kind
 	"github.com/proxypool/proxypool/engine/config"
 	"github.com/proxypool/proxypool/engine/domain/upstream"
 )

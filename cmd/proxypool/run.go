@@ -16,7 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/proxypool/proxypool/engine/adapters/embedded"
 	httpapi "github.com/proxypool/proxypool/engine/adapters/http"
 	"github.com/proxypool/proxypool/engine/adapters/plugin"
 	"github.com/proxypool/proxypool/engine/config"
@@ -42,11 +41,11 @@ type appliance struct {
 	cfg     *config.Config
 	plugins *plugin.Set
 
-	mgmt  management.Store
-	ctrl  *controller.Controller
-	gw    *gateway.Gateway
-	dist  *httpapi.DistributionHandler
-	admin *httpapi.AdminHandler
+	stores *stores
+	ctrl   *controller.Controller
+	gw     *gateway.Gateway
+	dist   *httpapi.DistributionHandler
+	admin  *httpapi.AdminHandler
 }
 
 func run(path string, stderr io.Writer) error {
@@ -85,16 +84,12 @@ func run(path string, stderr io.Writer) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	if err := os.MkdirAll(cfg.StateDir, 0o750); err != nil {
-		return fmt.Errorf("state directory: %w", err)
-	}
-	mgmt, err := embedded.OpenManagement(cfg.StateDir, embedded.ManagementOptions{})
+	st, err := openStores(cfg, log)
 	if err != nil {
 		return err
 	}
-	defer mgmt.Close()
-	pool := embedded.NewPool(embedded.PoolOptions{})
-	a.mgmt = mgmt
+	defer st.close()
+	a.stores = st
 	a.recordRevision(cfg)
 
 	if a.gw, err = gateway.New(gateway.Options{Config: cfg, Logger: log, Registry: reg}); err != nil {
@@ -102,7 +97,7 @@ func run(path string, stderr io.Writer) error {
 	}
 	defer a.gw.Close()
 	if a.ctrl, err = controller.New(controller.Options{
-		Config: cfg, Pool: pool, Management: mgmt, Providers: a.plugins, Worker: a.gw,
+		Config: cfg, Pool: st.pool, Management: st.mgmt, Providers: a.plugins, Worker: a.gw,
 		Logger: log, Registry: reg, Version: version.Version,
 	}); err != nil {
 		return err
@@ -212,7 +207,7 @@ func run(path string, stderr io.Writer) error {
 		log.Info("listening", "surface", "gateway", "addr", gwLn.Addr().String())
 	}
 	go a.notifyReadyWhenUsable(ctx, dm)
-	go sweep(ctx, pool)
+	go sweep(ctx, st)
 	go a.notify.Watchdog(ctx)
 
 	var runErr error
@@ -390,18 +385,16 @@ func (a *appliance) reload(ctx context.Context) error {
 func (a *appliance) recordRevision(cfg *config.Config) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	rev := management.Revision{At: time.Now(), Fingerprint: cfg.Digest, Source: cfg.Source}
-	if err := a.mgmt.RecordRevision(ctx, rev); err != nil {
+	rev := management.Revision{At: time.Now(), Fingerprint: a.stores.fingerprint(cfg), Source: cfg.Source}
+	if err := a.stores.mgmt.RecordRevision(ctx, rev); err != nil {
 		a.log.Warn("recording config revision", "err", err)
 	}
 }
 
-// sweepEvery paces the embedded pool's housekeeping: it drops REMOVED
-// entries, extracted proxies past expiry and expired idempotency records,
-// which Redis does with server-side TTLs in a fleet.
+// sweepEvery paces the activity pool's housekeeping (stores.sweep).
 const sweepEvery = 10 * time.Second
 
-func sweep(ctx context.Context, pool *embedded.Pool) {
+func sweep(ctx context.Context, st *stores) {
 	t := time.NewTicker(sweepEvery)
 	defer t.Stop()
 	for {
@@ -409,7 +402,7 @@ func sweep(ctx context.Context, pool *embedded.Pool) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			pool.Sweep(now)
+			st.sweep(ctx, now)
 		}
 	}
 }
@@ -421,7 +414,7 @@ func immutableOnReload(old, next *config.Config) error {
 	if old.Listeners != next.Listeners {
 		errs = append(errs, config.FieldError{Path: "listeners", Msg: "cannot change on reload; restart the service"})
 	}
-	if old.Storage.Mode != next.Storage.Mode || old.Storage.Redis.URL != next.Storage.Redis.URL || old.Storage.Postgres.URL != next.Storage.Postgres.URL {
+	if old.Storage != next.Storage {
 		errs = append(errs, config.FieldError{Path: "storage", Msg: "cannot change on reload; restart the service"})
 	}
 	if old.StateDir != next.StateDir {
