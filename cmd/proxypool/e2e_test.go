@@ -52,9 +52,11 @@ type world struct {
 	byAddr    map[string]string // upstream proxy host:port -> id
 }
 
-func newWorld(t *testing.T, n int) *world {
+func newWorld(t *testing.T, n int) *world { return newWorldPass(t, n, "p@ss:word") }
+
+func newWorldPass(t *testing.T, n int, pass string) *world {
 	t.Helper()
-	ups, err := testenv.StartUpstreams(n, "u", "p@ss:word")
+	ups, err := testenv.StartUpstreams(n, "u", pass)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +68,7 @@ func newWorld(t *testing.T, n int) *world {
 	})
 	vp := make([]testenv.VendorProxy, 0, n)
 	for _, u := range ups {
-		vp = append(vp, testenv.VendorProxy{Host: u.Host(), Port: u.Port(), Username: "u", Password: "p@ss:word", Region: "eu", Carrier: "lo"})
+		vp = append(vp, testenv.VendorProxy{Host: u.Host(), Port: u.Port(), Username: "u", Password: pass, Region: "eu", Carrier: "lo"})
 		w.byAddr[u.Addr()] = u.ID()
 	}
 	if w.vendor, err = testenv.NewVendor(testenv.VendorConfig{Proxies: vp, APIKey: "vendor-key"}); err != nil {
@@ -119,13 +121,13 @@ func freeAddr(t *testing.T) string {
 	return fmt.Sprintf("127.0.0.1:%d", p)
 }
 
-func (w *world) config(gw, dist, admin, stateDir, storage string) string {
+func (w *world) config(gw, dist, admin, stateDir, storage, pluginsDir string) string {
 	return fmt.Sprintf(`%slisteners:
   gateway: %s
   distribution: %s
   admin: %s
 stateDir: %s
-pluginsDir: ../../plugins
+pluginsDir: %s
 log: {level: debug}
 shutdownTimeout: 5s
 upstreams:
@@ -141,16 +143,16 @@ extraction:
   minRemainingTTL: 10s
 security:
   allowLoopbackDestinations: true
-`, storage, gw, dist, admin, stateDir, w.vendor.URL())
+`, storage, gw, dist, admin, stateDir, pluginsDir, w.vendor.URL())
 }
 
-func start(t *testing.T, w *world) *proc { return startWith(t, w, "", nil) }
+func start(t *testing.T, w *world) *proc { return startWith(t, w, "", nil, "../../plugins") }
 
-func startWith(t *testing.T, w *world, storage string, env []string) *proc {
+func startWith(t *testing.T, w *world, storage string, env []string, pluginsDir string) *proc {
 	t.Helper()
 	dir := t.TempDir()
 	p := &proc{cfgPath: filepath.Join(dir, "proxypool.yaml"), gateway: freeAddr(t), dist: freeAddr(t), admin: freeAddr(t), logs: &syncBuffer{}, exited: make(chan struct{})}
-	if err := os.WriteFile(p.cfgPath, []byte(w.config(p.gateway, p.dist, p.admin, filepath.Join(dir, "state"), storage)), 0o600); err != nil {
+	if err := os.WriteFile(p.cfgPath, []byte(w.config(p.gateway, p.dist, p.admin, filepath.Join(dir, "state"), storage, pluginsDir)), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	p.cmd = exec.Command(binary, "run", "--config", p.cfgPath)
@@ -440,7 +442,7 @@ func TestEndToEndClusterStorage(t *testing.T) {
   redis: {url: "%s"}
   postgres: {url: "%s", migrateOnStart: true, fingerprintKey: "env:E2E_FP_KEY"}
 `, rds.URL(), pg.URL())
-	p := startWith(t, w, storage, []string{"E2E_FP_KEY=fingerprint-key"})
+	p := startWith(t, w, storage, []string{"E2E_FP_KEY=fingerprint-key"}, "../../plugins")
 	ids := map[string]bool{}
 	for _, u := range w.upstreams {
 		ids[u.ID()] = true
@@ -484,4 +486,109 @@ func TestEndToEndClusterStorage(t *testing.T) {
 	if p.exitCode != 0 {
 		t.Fatalf("exit code %d", p.exitCode)
 	}
+}
+
+// A provider is a file: dropped into the plugins directory and picked up by
+// a reload, with no rebuild. A broken edit keeps the running version; a
+// plugin the config still names cannot be removed.
+func TestEndToEndPluginReload(t *testing.T) {
+	plugins := t.TempDir()
+	src, err := os.ReadFile("../../plugins/json-envelope.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(plugins, "json-envelope.yaml"), src, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	w := newWorld(t, 2)
+	p := startWith(t, w, "", nil, plugins)
+	reload := func() (int, string) {
+		resp, err := http.Post("http://"+p.admin+"/v1/admin/reload", "application/json", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+
+	// A second vendor served as text lines (ip:port:user:pass, so no colon
+	// in the password), through a plugin that does not exist yet: drop it
+	// in, add the upstream, reload.
+	w2 := newWorldPass(t, 2, "plainpass")
+	lines, err := os.ReadFile("../../plugins/text-lines.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(plugins, "text-lines.yaml"), lines, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := os.ReadFile(p.cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	withSecond := strings.Replace(string(cfg), "extraction:", fmt.Sprintf(`  - name: second
+    provider:
+      plugin: text-lines
+      params: {url: "%s/v1/proxies?format=text&key=vendor-key", ttl: "600"}
+    fetch: {requestInterval: 100ms}
+    pool: {minimum: 2, target: 2, maxSize: 4}
+extraction:`, w2.vendor.URL()), 1)
+	if err := os.WriteFile(p.cfgPath, []byte(withSecond), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code, body := reload(); code != 200 {
+		t.Fatalf("reload with a new plugin: %d %s", code, body)
+	}
+	eventually(t, 20*time.Second, "proxies from the new provider", func() bool {
+		var body struct {
+			Upstreams []struct {
+				Name      string
+				Available int
+			}
+		}
+		getJSON(t, "http://"+p.admin+"/v1/admin/upstreams", &body)
+		for _, u := range body.Upstreams {
+			if u.Name == "second" && u.Available > 0 {
+				return true
+			}
+		}
+		return false
+	})
+
+	// A broken edit: the reload succeeds with the previous version kept, and
+	// fetching through it goes on.
+	if err := os.WriteFile(filepath.Join(plugins, "text-lines.yaml"), []byte("abi: 1\nname: text-lines\nrequest: {url: '1 +'}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	calls := w2.vendor.Calls()
+	if code, body := reload(); code != 200 {
+		t.Fatalf("reload with a broken plugin must keep its previous version: %d %s", code, body)
+	}
+	if !strings.Contains(p.logs.String(), "keeping its previous version") {
+		t.Fatal("the broken plugin was not reported")
+	}
+	// Taking the second upstream's proxies makes its runtime fetch again,
+	// through the version of text-lines that loaded before the bad edit.
+	resp, err := http.Post("http://"+p.dist+"/v1/extract", "application/json", strings.NewReader(`{"count": 2, "fulfillment": "partial", "filters": {"upstreams": ["second"]}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	eventually(t, 20*time.Second, "the previous text-lines version still fetching", func() bool {
+		return w2.vendor.Calls() > calls
+	})
+	if strings.Contains(p.logs.String(), "pre-checking provider") {
+		t.Fatal("the broken edit reached the provider runtime")
+	}
+
+	// Removing a plugin the config names fails validation and changes nothing.
+	if err := os.Remove(filepath.Join(plugins, "text-lines.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	code, body := reload()
+	if code != 422 || !strings.Contains(body, `plugin \"text-lines\" not found`) {
+		t.Fatalf("reload after removing a referenced plugin: %d %s", code, body)
+	}
+	viaGateway(t, p, w.target.URL()+"/still-serving")
 }
