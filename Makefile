@@ -41,8 +41,12 @@ lint:
 fmt:
 	gofmt -w $$(git ls-files '*.go')
 
-bench:
+# Go benchmarks of the engine, then the full scenario suite of seed 000
+# §17.3 (bench/suite, docs/benchmarks.md): about half an hour on 2 cores,
+# most of it growing the pool to 100,000 proxies.
+bench: bench-tools bench-pprof
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./engine/...
+	$(BIN)/benchrun -suite full -pprof-proxypool $(BIN)/proxypool-pprof
 
 # Short fuzzing pass over every parser.
 fuzz:
@@ -91,3 +95,34 @@ package-test: package
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $${need[*]}; \
 	fi
 	PROXYPOOL_PACKAGE_TEST=1 $(GO) test -count=1 -v -timeout 10m ./packaging/...
+
+# Benchmarks (seed 000 §17; method and results in docs/benchmarks.md).
+# bench-tools builds the load generator, the simulations (run in their own
+# process) and the runner; bench-pprof builds bin/proxypool-pprof, the
+# appliance with net/http/pprof on a loopback address, overlaid from
+# bench/pprof and used only to take profiles. Every process the suite
+# starts is stopped by its PID; reports, logs and profiles go to
+# .run/bench/.
+BENCH_TOOLS := ./cmd/proxy-loadgen ./bench/cmd/simupstreams ./bench/cmd/benchrun
+
+.PHONY: bench-tools bench-pprof bench-quick bench-peers
+
+bench-tools: build
+	$(GO) build -trimpath -o $(BIN)/ $(BENCH_TOOLS)
+
+bench-pprof:
+	@mkdir -p $(BIN)
+	@printf '{"Replace":{"%s":"%s"}}\n' "$(CURDIR)/cmd/proxypool/zz_bench_pprof.go" \
+	  "$(CURDIR)/bench/pprof/pprof.go.txt" > $(BIN)/pprof-overlay.json
+	$(GO) build -overlay $(BIN)/pprof-overlay.json -ldflags '-X github.com/proxypool/proxypool/engine/version.Version=$(VERSION)' \
+	  -o $(BIN)/proxypool-pprof ./cmd/proxypool
+
+# The CI subset: every scenario, smaller and shorter (about 40 s here).
+bench-quick: bench-tools
+	$(BIN)/benchrun -suite quick
+
+# Squid and tinyproxy side by side with the gateway (installs them from
+# Debian packages when missing): about ten minutes.
+bench-peers: bench-tools
+	bash bench/peers/install.sh
+	$(BIN)/benchrun -suite peers

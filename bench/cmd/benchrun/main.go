@@ -1,0 +1,34 @@
+// Command benchrun runs a benchmark suite of bench/suite: quick (CI, under
+// a minute), full (`make bench`) or peers (`make bench-peers`). It prints
+// one line per figure on stdout, progress on stderr, and writes the report
+// to -dir/<suite>.json. Wiring only.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/proxypool/proxypool/bench/suite"
+)
+
+func main() {
+	var o suite.Options
+	flag.StringVar(&o.Suite, "suite", "quick", "quick | full | peers")
+	flag.StringVar(&o.Dir, "dir", ".run/bench", "configs, logs, reports and profiles go here")
+	flag.StringVar(&o.Proxypool, "proxypool", "bin/proxypool", "the appliance under test")
+	flag.StringVar(&o.Loadgen, "loadgen", "bin/proxy-loadgen", "the load generator")
+	flag.StringVar(&o.Sims, "sims", "bin/simupstreams", "the simulations")
+	flag.StringVar(&o.PprofProxypool, "pprof-proxypool", "", "the appliance built with pprof (full suite: profile it)")
+	flag.Parse()
+	o.Out, o.Log = os.Stdout, os.Stderr
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := suite.Run(ctx, o); err != nil {
+		fmt.Fprintf(os.Stderr, "benchrun: %v\n", err)
+		os.Exit(1)
+	}
+}
