@@ -135,7 +135,7 @@ func poolConfig(c config.PG, o Options) (*pgxpool.Config, error) {
 		pc.ConnConfig.Password = v
 	}
 	if c.TLS.Enabled {
-		tc, err := clientTLS(c.TLS, pc.ConnConfig.Host)
+		tc, err := c.TLS.ClientConfig(pc.ConnConfig.Host)
 		if err != nil {
 			return nil, fmt.Errorf("open management store: %w", err)
 		}

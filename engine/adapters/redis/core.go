@@ -3,13 +3,10 @@ package redisstore
 import (
 	"context"
 	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -139,7 +136,7 @@ func NewClient(c config.Redis) (*redis.Client, error) {
 		if h, _, ok := strings.Cut(o.Addr, ":"); ok {
 			host = h
 		}
-		if o.TLSConfig, err = clientTLS(c.TLS, host); err != nil {
+		if o.TLSConfig, err = c.TLS.ClientConfig(host); err != nil {
 			return nil, fmt.Errorf("redis: %w", err)
 		}
 	}
@@ -156,32 +153,6 @@ func NewClient(c config.Redis) (*redis.Client, error) {
 	o.ContextTimeoutEnabled = true
 	o.DisableIdentity = true
 	return redis.NewClient(o), nil
-}
-
-func clientTLS(c config.TLS, host string) (*tls.Config, error) {
-	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.ServerName, InsecureSkipVerify: c.InsecureSkipVerify} //nolint:gosec // explicit opt-in
-	if tc.ServerName == "" {
-		tc.ServerName = host
-	}
-	if c.CAFile != "" {
-		pem, err := os.ReadFile(c.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("tls ca file: %w", err)
-		}
-		roots := x509.NewCertPool()
-		if !roots.AppendCertsFromPEM(pem) {
-			return nil, errors.New("tls ca file: no PEM certificate found")
-		}
-		tc.RootCAs = roots
-	}
-	if c.CertFile != "" {
-		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("tls client certificate: %w", err)
-		}
-		tc.Certificates = []tls.Certificate{cert}
-	}
-	return tc, nil
 }
 
 // core is what the Pool and the Coordinator share: the client, the key

@@ -1,4 +1,4 @@
-package pgstore
+package config
 
 import (
 	"crypto/tls"
@@ -6,13 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
-
-	"github.com/proxypool/proxypool/engine/config"
 )
 
-// clientTLS builds the client TLS configuration of storage.postgres.tls.
-func clientTLS(c config.TLS, host string) (*tls.Config, error) {
-	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.ServerName, InsecureSkipVerify: c.InsecureSkipVerify} //nolint:gosec // opt-in for tests
+// ClientConfig builds the client TLS configuration for a connection to
+// host (the server name when ServerName is empty). Both cluster stores use
+// it, so Redis and PostgreSQL read the same settings the same way.
+func (c TLS) ClientConfig(host string) (*tls.Config, error) {
+	tc := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.ServerName, InsecureSkipVerify: c.InsecureSkipVerify} //nolint:gosec // explicit opt-in, for tests
 	if tc.ServerName == "" {
 		tc.ServerName = host
 	}
