@@ -34,9 +34,7 @@ type Adapter struct {
 	name        string
 	description string
 	params      []plugin.Param
-	paramIndex  map[string]int
 	secrets     []string
-	secretSet   map[string]bool
 
 	method  string
 	url     *vm.Program
@@ -70,8 +68,6 @@ func Compile(name string, data []byte) (*Adapter, error) {
 	a := &Adapter{
 		name:        t.Name,
 		description: t.Description,
-		paramIndex:  map[string]int{},
-		secretSet:   map[string]bool{},
 		method:      t.Request.Method,
 		format:      t.Response.Format,
 		okStatus:    map[int]bool{},
@@ -83,14 +79,12 @@ func Compile(name string, data []byte) (*Adapter, error) {
 		if spec.Default != nil {
 			prm.Default = *spec.Default
 		}
-		a.paramIndex[p] = len(a.params)
 		a.params = append(a.params, prm)
 		d.params[p] = true
 	}
 	a.secrets = append([]string(nil), t.Secrets...)
 	sort.Strings(a.secrets)
 	for _, s := range a.secrets {
-		a.secretSet[s] = true
 		d.secrets[s] = true
 	}
 	for _, s := range t.Response.OKStatus {
@@ -143,51 +137,13 @@ func (a *Adapter) Describe() plugin.Description {
 // and missing required params; the response side is lenient because the
 // request already enforced them and a dry run may not pass them all.
 func (a *Adapter) resolveParams(in map[string]string, strict bool) (map[string]string, error) {
-	out := make(map[string]string, len(a.params))
-	if strict {
-		var unknown []string
-		for k := range in {
-			if _, ok := a.paramIndex[k]; !ok {
-				unknown = append(unknown, k)
-			}
-		}
-		if len(unknown) > 0 {
-			sort.Strings(unknown)
-			return nil, fmt.Errorf("params not declared by the plugin: %s", strings.Join(unknown, ", "))
-		}
-	}
-	for _, p := range a.params {
-		v, ok := in[p.Name]
-		switch {
-		case ok:
-			out[p.Name] = v
-		case p.Required && strict:
-			return nil, fmt.Errorf("param %s is required", p.Name)
-		default:
-			out[p.Name] = p.Default
-		}
-	}
-	return out, nil
+	return plugin.ResolveParams(a.params, in, strict)
 }
 
 // resolveSecrets maps every declared secret, "" when not supplied: many
 // vendors authenticate by caller IP instead, and the template decides.
 func (a *Adapter) resolveSecrets(in map[string]string) (map[string]string, error) {
-	var unknown []string
-	for k := range in {
-		if !a.secretSet[k] {
-			unknown = append(unknown, k)
-		}
-	}
-	if len(unknown) > 0 {
-		sort.Strings(unknown)
-		return nil, fmt.Errorf("secrets not declared by the plugin: %s", strings.Join(unknown, ", "))
-	}
-	out := make(map[string]string, len(a.secrets))
-	for _, s := range a.secrets {
-		out[s] = in[s]
-	}
-	return out, nil
+	return plugin.ResolveSecrets(a.secrets, in)
 }
 
 // BuildRequest evaluates the request expressions.

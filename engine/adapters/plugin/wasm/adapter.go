@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sort"
-	"strings"
 	"time"
 
 	"github.com/proxypool/proxypool/engine/adapters/plugin"
@@ -15,11 +13,9 @@ import (
 // Adapter is a loaded WASM plugin. It is safe for concurrent use: calls
 // take an instance from the plugin's pool.
 type Adapter struct {
-	name       string
-	desc       plugin.Description
-	paramIndex map[string]int
-	secretSet  map[string]bool
-	p          *pool
+	name string
+	desc plugin.Description
+	p    *pool
 }
 
 var (
@@ -44,7 +40,7 @@ func (p *pool) open(ctx context.Context, name string) (*Adapter, error) {
 		return nil, fmt.Errorf("checking wasm module: %w: %s returned %d, this host implements %d", ErrABI, exportABIVersion, v, ABIVersion)
 	}
 	p.put(in)
-	a := &Adapter{name: name, p: p, paramIndex: map[string]int{}, secretSet: map[string]bool{}}
+	a := &Adapter{name: name, p: p}
 	err = p.call(ctx, time.Time{}, exportDescribe, nil, func(out []byte) error {
 		d, err := decodeDescription(out)
 		a.desc = d
@@ -52,12 +48,6 @@ func (p *pool) open(ctx context.Context, name string) (*Adapter, error) {
 	})
 	if err != nil {
 		return nil, fmt.Errorf("reading plugin declaration: %w", err)
-	}
-	for i, prm := range a.desc.Params {
-		a.paramIndex[prm.Name] = i
-	}
-	for _, s := range a.desc.Secrets {
-		a.secretSet[s] = true
 	}
 	return a, nil
 }
@@ -161,48 +151,10 @@ func encodeInput(v any) ([]byte, error) {
 // and missing required params; the response side is lenient because the
 // request already enforced them and a dry run may not pass them all.
 func (a *Adapter) resolveParams(in map[string]string, strict bool) (map[string]string, error) {
-	out := make(map[string]string, len(a.desc.Params))
-	if strict {
-		var unknown []string
-		for k := range in {
-			if _, ok := a.paramIndex[k]; !ok {
-				unknown = append(unknown, k)
-			}
-		}
-		if len(unknown) > 0 {
-			sort.Strings(unknown)
-			return nil, fmt.Errorf("params not declared by the plugin: %s", strings.Join(unknown, ", "))
-		}
-	}
-	for _, p := range a.desc.Params {
-		v, ok := in[p.Name]
-		switch {
-		case ok:
-			out[p.Name] = v
-		case p.Required && strict:
-			return nil, fmt.Errorf("param %s is required", p.Name)
-		default:
-			out[p.Name] = p.Default
-		}
-	}
-	return out, nil
+	return plugin.ResolveParams(a.desc.Params, in, strict)
 }
 
 // resolveSecrets maps every declared secret, "" when not supplied.
 func (a *Adapter) resolveSecrets(in map[string]string) (map[string]string, error) {
-	var unknown []string
-	for k := range in {
-		if !a.secretSet[k] {
-			unknown = append(unknown, k)
-		}
-	}
-	if len(unknown) > 0 {
-		sort.Strings(unknown)
-		return nil, fmt.Errorf("secrets not declared by the plugin: %s", strings.Join(unknown, ", "))
-	}
-	out := make(map[string]string, len(a.desc.Secrets))
-	for _, s := range a.desc.Secrets {
-		out[s] = in[s]
-	}
-	return out, nil
+	return plugin.ResolveSecrets(a.desc.Secrets, in)
 }
