@@ -434,15 +434,8 @@ func getJSON(t *testing.T, u string, v any) {
 // The same appliance on cluster storage: the activity pool in a real Redis,
 // management state in a real PostgreSQL, both started by testenv.
 func TestEndToEndClusterStorage(t *testing.T) {
-	rds := testenv.StartRedis(t)
-	pg := testenv.StartPostgres(t)
 	w := newWorld(t, 3)
-	storage := fmt.Sprintf(`storage:
-  mode: cluster
-  redis: {url: "%s"}
-  postgres: {url: "%s", migrateOnStart: true, fingerprintKey: "env:E2E_FP_KEY"}
-`, rds.URL(), pg.URL())
-	p := startWith(t, w, storage, []string{"E2E_FP_KEY=fingerprint-key"}, "../../plugins")
+	p, _, _ := startCluster(t, w, "")
 	ids := map[string]bool{}
 	for _, u := range w.upstreams {
 		ids[u.ID()] = true
@@ -458,6 +451,30 @@ func TestEndToEndClusterStorage(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || !bytes.Contains(b, []byte(`"returned":1`)) {
 		t.Fatalf("extract on Redis: %d %s", resp.StatusCode, b)
+	}
+	// Fetching is led through Redis, and the gateway heartbeats there.
+	var ups struct {
+		Upstreams []struct {
+			Name  string
+			Fetch struct {
+				Leader      bool
+				LeaderError string
+			}
+		}
+	}
+	getJSON(t, "http://"+p.admin+"/v1/admin/upstreams", &ups)
+	if len(ups.Upstreams) != 1 || !ups.Upstreams[0].Fetch.Leader || ups.Upstreams[0].Fetch.LeaderError != "" {
+		t.Fatalf("upstreams %+v, want this controller leading", ups)
+	}
+	var st struct {
+		LiveWorkers []struct {
+			ID   string
+			Info map[string]string
+		}
+	}
+	getJSON(t, "http://"+p.admin+"/v1/admin/status", &st)
+	if len(st.LiveWorkers) != 1 || st.LiveWorkers[0].ID == "" || st.LiveWorkers[0].Info["version"] == "" {
+		t.Fatalf("live workers %+v, want this process's gateway", st.LiveWorkers)
 	}
 	// An admin write lands in PostgreSQL's audit log.
 	resp, err = http.Post("http://"+p.admin+"/v1/admin/upstreams/vendor/disable", "application/json", nil)

@@ -96,9 +96,11 @@ func run(path string, stderr io.Writer) error {
 		return err
 	}
 	defer a.gw.Close()
+	instance := instanceID()
 	if a.ctrl, err = controller.New(controller.Options{
 		Config: cfg, Pool: st.pool, Management: st.mgmt, Providers: a.plugins, Worker: a.gw,
 		Logger: log, Registry: reg, Version: version.Version,
+		Coordinator: st.coordinator(), Holder: instance,
 	}); err != nil {
 		return err
 	}
@@ -208,6 +210,9 @@ func run(path string, stderr io.Writer) error {
 	}
 	go a.notifyReadyWhenUsable(ctx, dm)
 	go sweep(ctx, st)
+	if st.coord != nil && gwLn != nil {
+		go heartbeat(ctx, st.coord, instance, cfg.Storage.Redis.HeartbeatInterval, a.snapshotVersion, log.With("component", "heartbeat"))
+	}
 	go a.notify.Watchdog(ctx)
 
 	var runErr error
@@ -299,6 +304,15 @@ func bind(name, addr string, activated map[string]net.Listener) (net.Listener, e
 		return nil, fmt.Errorf("%s listener: %w", name, err)
 	}
 	return ln, nil
+}
+
+// snapshotVersion is the version of the snapshot the gateway applied (0
+// before the first).
+func (a *appliance) snapshotVersion() uint64 {
+	if s := a.gw.Snapshot(); s != nil {
+		return s.Version
+	}
+	return 0
 }
 
 // notifyReadyWhenUsable sends READY=1 once the controller has published a

@@ -52,6 +52,22 @@ const (
 	DefaultIdempotencyTTL    = 10 * time.Minute
 	DefaultMaxExtractCount   = 100
 	DefaultMaxBodyBytes      = 64 << 10
+	// DefaultLeaderTTL is storage.redis.leaderTTL: a crashed fetch leader
+	// is replaced within it.
+	DefaultLeaderTTL = 10 * time.Second
+	// DefaultHeartbeatInterval is storage.redis.heartbeatInterval; a
+	// worker counts as live for three intervals after its last beat.
+	DefaultHeartbeatInterval = 5 * time.Second
+)
+
+// Bounds of the cluster coordination timings. A leader lease is renewed
+// on the provider runtime's one-second cycle, so it must span a few of
+// them; past ten minutes a crashed leader would starve its upstream.
+const (
+	MinLeaderTTL         = 3 * time.Second
+	MaxLeaderTTL         = 10 * time.Minute
+	MinHeartbeatInterval = time.Second
+	MaxHeartbeatInterval = time.Minute
 )
 
 // Config is the whole configuration. After Load it is immutable: reload
@@ -111,6 +127,12 @@ type Redis struct {
 	URL      string `yaml:"url"` // redis:// or rediss:// (TLS)
 	Password Secret `yaml:"password"`
 	TLS      TLS    `yaml:"tls"`
+	// LeaderTTL is the provider fetch leader lease's TTL (cluster mode):
+	// renewed once half of it is left, it bounds how long an upstream has
+	// no fetcher after its leader crashed.
+	LeaderTTL time.Duration `yaml:"leaderTTL"`
+	// HeartbeatInterval paces the worker heartbeats (cluster mode).
+	HeartbeatInterval time.Duration `yaml:"heartbeatInterval"`
 }
 
 // PG is the cluster management store.

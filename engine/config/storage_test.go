@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestClusterStorageSettings(t *testing.T) {
@@ -40,6 +41,13 @@ func TestClusterStorageSettings(t *testing.T) {
 	if !s.Postgres.MigrateOnStart || s.Postgres.FingerprintKey.Value() != "k3y" || !s.Postgres.TLS.Enabled {
 		t.Errorf("postgres = %+v", s.Postgres)
 	}
+	if s.Redis.LeaderTTL != DefaultLeaderTTL || s.Redis.HeartbeatInterval != DefaultHeartbeatInterval {
+		t.Errorf("coordination defaults: leaderTTL %s, heartbeatInterval %s", s.Redis.LeaderTTL, s.Redis.HeartbeatInterval)
+	}
+	if c, err := Parse([]byte(base + "storage: {redis: {leaderTTL: 15s, heartbeatInterval: 2s}}\n")); err != nil ||
+		c.Storage.Redis.LeaderTTL != 15*time.Second || c.Storage.Redis.HeartbeatInterval != 2*time.Second {
+		t.Errorf("explicit coordination timings: %v", err)
+	}
 
 	cases := []struct {
 		name, yaml string
@@ -51,6 +59,8 @@ func TestClusterStorageSettings(t *testing.T) {
 			[]string{"storage.redis.url", "storage.postgres.url"}},
 		{"WrongScheme", base + "storage: {mode: cluster, redis: {url: http://r/0}, postgres: {url: mysql://p/db, fingerprintKey: env:TEST_FP_KEY}}\n",
 			[]string{"storage.redis.url", "storage.postgres.url"}},
+		{"CoordinationTimings", base + "storage: {redis: {leaderTTL: 1s, heartbeatInterval: 2m}}\n",
+			[]string{"storage.redis.leaderTTL", "storage.redis.heartbeatInterval"}},
 		{"TLSFiles", base + "storage: {redis: {tls: {certFile: /nonexistent/c.pem}}, postgres: {tls: {caFile: /nonexistent/ca.pem}}}\n",
 			[]string{"storage.redis.tls", "storage.redis.tls.certFile", "storage.postgres.tls.caFile"}},
 	}

@@ -32,6 +32,8 @@ func (c *Config) applyDefaults() {
 	def(&c.Log.Level, "info")
 	def(&c.Log.Format, "text")
 	def(&c.Storage.Mode, "embedded")
+	defD(&c.Storage.Redis.LeaderTTL, DefaultLeaderTTL)
+	defD(&c.Storage.Redis.HeartbeatInterval, DefaultHeartbeatInterval)
 	defD(&c.Shutdown, DefaultShutdownTimeout)
 	for _, a := range []*Auth{&c.Gateway.Auth, &c.Distribution.Auth, &c.Admin.Auth} {
 		def(&a.Mode, "none")
@@ -123,6 +125,12 @@ func (v *validator) add(path, format string, args ...any) {
 func (v *validator) positive(path string, d time.Duration) {
 	if d <= 0 {
 		v.add(path, "must be positive, got %s", d)
+	}
+}
+
+func (v *validator) within(path string, d, lo, hi time.Duration) {
+	if d < lo || d > hi {
+		v.add(path, "must be between %s and %s, got %s", lo, hi, d)
 	}
 }
 
@@ -241,6 +249,8 @@ func (c *Config) validate() Errors {
 	v.storageURL("storage.redis.url", c.Storage.Redis.URL, "redis", "rediss")
 	v.storageURL("storage.postgres.url", c.Storage.Postgres.URL, "postgres", "postgresql")
 	v.tls("storage.redis.tls", &c.Storage.Redis.TLS)
+	v.within("storage.redis.leaderTTL", c.Storage.Redis.LeaderTTL, MinLeaderTTL, MaxLeaderTTL)
+	v.within("storage.redis.heartbeatInterval", c.Storage.Redis.HeartbeatInterval, MinHeartbeatInterval, MaxHeartbeatInterval)
 	v.tls("storage.postgres.tls", &c.Storage.Postgres.TLS)
 	v.positive("shutdownTimeout", c.Shutdown)
 

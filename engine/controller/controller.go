@@ -22,6 +22,7 @@ import (
 	"github.com/proxypool/proxypool/engine/controller/provider"
 	ctlrouting "github.com/proxypool/proxypool/engine/controller/routing"
 	"github.com/proxypool/proxypool/engine/domain/activitypool"
+	"github.com/proxypool/proxypool/engine/domain/coordination"
 	"github.com/proxypool/proxypool/engine/domain/extraction"
 	"github.com/proxypool/proxypool/engine/domain/management"
 	"github.com/proxypool/proxypool/engine/domain/proxy"
@@ -34,6 +35,15 @@ import (
 type Worker interface {
 	worker.Applier
 	worker.RuntimeReader
+}
+
+// Coordinator is the cluster coordination (storage.mode cluster): fetch
+// leadership and permits, the fleet-wide extraction rate limit and the
+// workers' heartbeats. redisstore.Coordinator implements it.
+type Coordinator interface {
+	provider.Coordinator
+	ctlext.RateLimiter
+	Workers(ctx context.Context) ([]coordination.WorkerBeat, error)
 }
 
 // DefaultWorkerID names the in-process worker of the standalone appliance.
@@ -65,6 +75,12 @@ type Options struct {
 	// Checker runs checks; nil: an in-process checker.
 	Checker checker.Executor
 	Timing  Timing
+	// Coordinator, when set (cluster storage), makes fetching, the
+	// extraction rate limit and the live-worker list fleet-wide; nil: this
+	// process decides alone.
+	Coordinator Coordinator
+	// Holder names this process in leader leases; unique per incarnation.
+	Holder string
 }
 
 // Controller is the control plane. Create with New, start with Run.
@@ -92,6 +108,8 @@ type Controller struct {
 	sw     *ctlrouting.Switcher
 	pub    *distribution.Publisher
 	ext    *ctlext.Service
+	probe  *storeProbe
+	out    *handedOut
 }
 
 // Bounds of the admin views.
@@ -116,6 +134,8 @@ func New(o Options) (*Controller, error) {
 		return nil, errors.New("creating controller: no management store")
 	case o.Providers == nil:
 		return nil, errors.New("creating controller: no provider set")
+	case o.Coordinator != nil && o.Holder == "":
+		return nil, errors.New("creating controller: a coordinator needs a holder name")
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -130,6 +150,8 @@ func New(o Options) (*Controller, error) {
 		o.Checker = checker.New(checker.Options{ProbeTarget: o.ProbeTarget, Now: o.Now})
 	}
 	c := &Controller{o: o, log: o.Logger.With("component", "controller"), startedAt: o.Now()}
+	c.probe = newStoreProbe(o.Registry, c.log, o.Pool)
+	c.out = newHandedOut(maxHandedOut)
 	c.cfg.Store(o.Config)
 	t := o.Now()
 	c.loadedAt.Store(&t)
@@ -158,11 +180,12 @@ func New(o Options) (*Controller, error) {
 	})
 	c.inv = pool.NewInventoryReader(o.Pool, c.workerMap)
 	c.sup = provider.NewSupervisor(provider.SupervisorOptions{
-		Store: o.Pool, Inventory: c.inv, Overrides: o.Management,
+		Store: admitFilter{Pool: o.Pool, out: c.out, now: o.Now}, Inventory: c.inv, Overrides: o.Management,
 		Depleted: c.onDepleted,
 		Admitted: func(ctx context.Context, _ string, ids []proxy.ID) { c.health.Schedule(ctx, ids) },
 		Now:      o.Now, Logger: o.Logger.With("component", "provider"), Registry: o.Registry,
 		ReconcileEvery: o.Timing.Reconcile, Tick: o.Timing.ProviderTick,
+		Coordinator: o.Coordinator, Holder: o.Holder, LeaseTTL: o.Config.Storage.Redis.LeaderTTL,
 	})
 	c.life = pool.New(pool.Options{
 		Store: o.Pool, Workers: c.workers, SnapshotVersion: c.pub.Version, Known: c.allocatable,
@@ -175,7 +198,7 @@ func New(o Options) (*Controller, error) {
 		pubForExt = c.pub
 	}
 	c.ext = ctlext.New(ctlext.Options{
-		Store: o.Pool, Publisher: pubForExt, Workers: c.workers,
+		Store: o.Pool, Publisher: pubForExt, Workers: c.workers, Limiter: o.Coordinator,
 		Now: o.Now, Logger: o.Logger.With("component", "extraction"), Registry: o.Registry,
 	}, extractionConfig(o.Config))
 	if err := c.sup.Update(o.Config, o.Providers); err != nil {
@@ -356,7 +379,7 @@ func (c *Controller) onPublished(_ string, s *worker.Snapshot) {
 // waits for them to finish.
 func (c *Controller) Run(ctx context.Context) error {
 	c.runCtx.Store(&ctx)
-	loops := []func(context.Context) error{c.sup.Run, c.sched.Run, c.health.Run, c.life.Run, c.pub.Run, c.maintain}
+	loops := []func(context.Context) error{c.sup.Run, c.sched.Run, c.health.Run, c.life.Run, c.pub.Run, c.maintain, c.watchStores}
 	var wg sync.WaitGroup
 	for _, run := range loops {
 		wg.Add(1)
@@ -373,9 +396,21 @@ func (c *Controller) Run(ctx context.Context) error {
 }
 
 // Ready reports whether a snapshot with at least one AVAILABLE proxy has
-// been published, or there is no upstream to wait for.
+// been published (or there is no upstream to wait for) and the last one
+// applied is not stale: past gateway.maxStaleAge without a publish the
+// gateway refuses new traffic, so it leaves the load balancer too. A store
+// outage alone does not make it unready: the gateway keeps serving from
+// its snapshot meanwhile (seed 000 §18); the admin status and the
+// proxypool_store_up metric report the stores.
 func (c *Controller) Ready() bool {
-	return c.ready.Load() || len(c.cfg.Load().Upstreams) == 0
+	if len(c.cfg.Load().Upstreams) == 0 {
+		return true
+	}
+	if !c.ready.Load() {
+		return false
+	}
+	s := c.pub.Last()
+	return s == nil || c.o.Now().Before(s.ValidUntil)
 }
 
 // Config returns the configuration in force.
@@ -494,6 +529,7 @@ func unavailable(what string, err error) error {
 // allows) are only signalled to re-plan in the background.
 func (c *Controller) Extract(ctx context.Context, req extraction.Request) (extraction.Result, error) {
 	res, err := c.ext.Extract(ctx, req)
+	c.out.add(res.Proxies, c.o.Now())
 	signalled := map[string]bool{}
 	for i := range res.Proxies {
 		if up := res.Proxies[i].Upstream; !signalled[up] {
@@ -598,17 +634,22 @@ func view(p *proxy.Proxy) ProxyView {
 // Status is the appliance-wide view.
 func (c *Controller) Status(ctx context.Context) (Status, error) {
 	cfg := c.cfg.Load()
-	counts, err := c.o.Pool.Counts(ctx)
-	if err != nil {
-		return Status{}, fmt.Errorf("reading pool counts: %w", err)
-	}
 	st := Status{
 		Version: c.o.Version, StartedAt: c.startedAt, ConfigSource: cfg.Source, ConfigLoadedAt: *c.loadedAt.Load(),
 		Ready: c.Ready(), StorageMode: cfg.Storage.Mode, Proxies: map[string]int{},
 		Upstreams: len(cfg.Upstreams), Routings: len(cfg.Routings), LastReload: c.last.Load(),
+		Storage: c.probeStores(ctx),
 	}
-	for s, n := range counts {
-		st.Proxies[s.String()] = n
+	// While the activity pool store is down its counts are unknown and
+	// left out; the storage section says why.
+	if st.Storage.ActivityPool.Reachable {
+		counts, err := c.o.Pool.Counts(ctx)
+		if err != nil {
+			st.Storage.ActivityPool = c.probe.record(storeActivityPool, fmt.Errorf("reading pool counts: %w", err), c.o.Now())
+		}
+		for s, n := range counts {
+			st.Proxies[s.String()] = n
+		}
 	}
 	if s := c.pub.Last(); s != nil {
 		st.Snapshot = SnapshotStatus{Version: s.Version, GeneratedAt: s.GeneratedAt, Proxies: len(s.Proxies)}
@@ -625,7 +666,26 @@ func (c *Controller) Status(ctx context.Context) (Status, error) {
 		}
 		st.Workers = append(st.Workers, ws)
 	}
+	st.LiveWorkers = c.liveWorkers(ctx)
 	return st, nil
+}
+
+// liveWorkers reads the fleet's heartbeats; nil without a coordinator or
+// when Redis cannot be read (the storage section says why).
+func (c *Controller) liveWorkers(ctx context.Context) []WorkerHeartbeat {
+	if c.o.Coordinator == nil {
+		return nil
+	}
+	beats, err := c.o.Coordinator.Workers(ctx)
+	if err != nil {
+		c.log.Debug("reading worker heartbeats", "err", err)
+		return nil
+	}
+	out := make([]WorkerHeartbeat, 0, len(beats))
+	for _, b := range beats {
+		out = append(out, WorkerHeartbeat{ID: b.Worker, At: b.At, ExpiresAt: b.ExpiresAt, Info: b.Info})
+	}
+	return out
 }
 
 // Upstreams lists every configured upstream with its inventory and fetch
@@ -666,6 +726,7 @@ func fetchStatus(s provider.Status, now time.Time) FetchStatus {
 		Calls: s.Calls, Success: s.Success, Empty: s.Empty, DuplicateOnly: s.DuplicateOnly, Errors: s.Errors,
 		ConsecutiveEmpty: s.ConsecutiveEmpty, ConsecutiveError: s.ConsecutiveErrors, TotalFetched: s.TotalFetched,
 		LastOutcome: s.LastOutcome, LastError: s.LastError, Stopped: s.Stopped,
+		Leader: s.Leader, LeaderError: s.LeaderError,
 	}
 	if !s.LastFetchAt.IsZero() {
 		t := s.LastFetchAt

@@ -21,6 +21,29 @@ type Status struct {
 	Extraction     ExtractionCounters `json:"extraction"`
 	Workers        []WorkerStatus     `json:"workers"`
 	LastReload     *ReloadStatus      `json:"lastReload,omitempty"`
+	Storage        StorageStatus      `json:"storage"`
+
+	// LiveWorkers are the fleet's workers with a live heartbeat (cluster
+	// storage; absent on embedded storage or when Redis cannot be read).
+	LiveWorkers []WorkerHeartbeat `json:"liveWorkers,omitempty"`
+}
+
+// StorageStatus says whether the two stores answer. While the activity
+// pool store does not, Proxies is empty: its counts are unknown.
+type StorageStatus struct {
+	ActivityPool StoreStatus `json:"activityPool"`
+	Management   StoreStatus `json:"management"`
+	// GenerationChanges counts the times the activity pool store (Redis)
+	// was found to have lost its state since start; the pool was then
+	// refilled from the providers.
+	GenerationChanges uint64 `json:"generationChanges"`
+}
+
+// StoreStatus is the last probe of one store.
+type StoreStatus struct {
+	Reachable bool      `json:"reachable"`
+	Error     string    `json:"error,omitempty"`
+	CheckedAt time.Time `json:"checkedAt"`
 }
 
 // CheckerStatus is the health-check queue (seed 000 §18: under backlog
@@ -59,6 +82,14 @@ type WorkerStatus struct {
 	Reserved        int64  `json:"reserved"`
 }
 
+// WorkerHeartbeat is a worker's last heartbeat in the cluster store.
+type WorkerHeartbeat struct {
+	ID        string            `json:"id"`
+	At        time.Time         `json:"at"`
+	ExpiresAt time.Time         `json:"expiresAt"`
+	Info      map[string]string `json:"info,omitempty"`
+}
+
 // ReloadStatus is the outcome of the latest reload attempt.
 type ReloadStatus struct {
 	At     time.Time `json:"at"`
@@ -94,6 +125,11 @@ type FetchStatus struct {
 	LastFetchAt      *time.Time `json:"lastFetchAt,omitempty"`
 	BackoffUntil     *time.Time `json:"backoffUntil,omitempty"` // set while backing off
 	Stopped          string     `json:"stopped,omitempty"`      // why fetching stopped (maxTotal, disabled)
+	// Leader: this controller fetches for the upstream (always on embedded
+	// storage). LeaderError is a fixed reason it cannot; absent when
+	// another controller leads.
+	Leader      bool   `json:"leader"`
+	LeaderError string `json:"leaderError,omitempty"`
 }
 
 // FetchDetail is what the admin view of an upstream does not carry (yet):

@@ -7,6 +7,10 @@
 //     lifecycle writes, one critical section per extraction and short-lived
 //     idempotency records. Proxies are deliberately not persisted: after a
 //     restart the providers refill the pool, exactly as after a Redis loss.
+//     Beyond the contract it serves the controller's per-cycle reads from
+//     maintained indexes instead of listings: FreeCapacity (per-owner
+//     capacity for the inventory) and Changes (activitypool.ChangeFeed, a
+//     bounded log of changed entries for the snapshot publisher).
 //   - Management, the management store in a bbolt file under the state
 //     directory: upstream admin state, routing cursors, the admin audit log
 //     and config revisions. It survives restarts.

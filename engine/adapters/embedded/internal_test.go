@@ -52,19 +52,22 @@ func TestTreeAgainstModel(t *testing.T) {
 			continue
 		}
 		floor := int64(rng.IntN(80)) - 5
-		var wantN int
+		var wantN, wantLive int
 		var wantSlots int64
 		var wantDesc []*entry
 		for i := len(model) - 1; i >= 0; i-- {
 			if key(model[i]) > floor {
 				wantN++
 				wantSlots += model[i].slots
+				if model[i].slots > 0 {
+					wantLive++
+				}
 				wantDesc = append(wantDesc, model[i])
 			}
 		}
-		n, slots := tr.countAbove(floor)
-		if n != wantN || slots != wantSlots {
-			t.Fatalf("step %d: countAbove(%d) = %d, %d; want %d, %d", step, floor, n, slots, wantN, wantSlots)
+		n, live, slots := tr.countAbove(floor)
+		if n != wantN || live != wantLive || slots != wantSlots {
+			t.Fatalf("step %d: countAbove(%d) = %d, %d, %d; want %d, %d, %d", step, floor, n, live, slots, wantN, wantLive, wantSlots)
 		}
 		var gotDesc []*entry
 		tr.descendAbove(floor, func(e *entry) bool { gotDesc = append(gotDesc, e); return true })

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -30,6 +31,9 @@ const (
 	// DefaultHardExpiryGrace is how long past ExpiresAt an entry that the
 	// controller never moved to an end state survives before Sweep drops it.
 	DefaultHardExpiryGrace = time.Minute
+	// DefaultMaxChangeLog bounds the entry changes Changes can report
+	// (about 1 MiB of IDs): a consumer further behind re-lists.
+	DefaultMaxChangeLog = 1 << 16
 )
 
 // ErrPoolFull is returned by Admit when MaxEntries is reached. It is an
@@ -46,6 +50,7 @@ type PoolOptions struct {
 	MaxEntries            int
 	MaxIdempotencyRecords int
 	HardExpiryGrace       time.Duration
+	MaxChangeLog          int
 }
 
 // Pool is the in-memory activity pool. All methods are safe for concurrent
@@ -72,6 +77,11 @@ type PoolOptions struct {
 //     proxies; reassigning needs a clear first. Clearing works in any state.
 //   - Remove deletes at once from EXPIRED, UNHEALTHY or REMOVED.
 //   - List returns copies sorted by ID; Tags are never shared.
+//
+// Beyond the contract it keeps a bounded log of changed entries
+// (Changes, activitypool.ChangeFeed) and per-owner capacity indexes
+// (FreeCapacity), so the controller's publish round and inventory read
+// cost what changed, not the pool size.
 type Pool struct {
 	now        func() time.Time
 	maxEntries int
@@ -81,11 +91,13 @@ type Pool struct {
 	byID      map[proxy.ID]*entry
 	upstreams map[string]*upstreamIndex
 	counts    [numStates]int
+	byState   [numStates]stateList
 	free      tree // linkFree
 	expiry    tree // linkExpiry
 	removed   map[proxy.ID]*entry
 	idem      idempotencyCache
 	seq       uint64 // admissions so far; orders ties in the indexes
+	changes   changeLog
 }
 
 const numStates = int(proxy.StateRemoved) + 1
@@ -93,11 +105,13 @@ const numStates = int(proxy.StateRemoved) + 1
 // entry is one proxy plus its index links; only the pool's lock guards it.
 type entry struct {
 	links [numLinks]link
-	seq   uint64
-	prio  uint32
-	slots int64
-	up    *upstreamIndex
-	p     proxy.Proxy
+	// sprev, snext thread the entry through its state's list.
+	sprev, snext *entry
+	seq          uint64
+	prio         uint32
+	slots        int64
+	up           *upstreamIndex
+	p            proxy.Proxy
 }
 
 type upstreamIndex struct {
@@ -106,7 +120,27 @@ type upstreamIndex struct {
 	states  [numStates]int
 	managed int
 	avail   tree // linkUpAvail
-	free    tree // linkUpFree
+	free    tree // linkUpOwner, unowned entries
+	// owned holds one linkUpOwner index per owner with AVAILABLE entries
+	// here; an emptied index is dropped, so it is bounded by the workers.
+	owned map[string]*tree
+}
+
+// ownerTree is the index of u's AVAILABLE entries owned by owner (""
+// for the unowned ones); nil when there is none and create is false.
+func (u *upstreamIndex) ownerTree(owner string, create bool) *tree {
+	if owner == "" {
+		return &u.free
+	}
+	t := u.owned[owner]
+	if t == nil && create {
+		if u.owned == nil {
+			u.owned = map[string]*tree{}
+		}
+		t = &tree{id: linkUpOwner}
+		u.owned[owner] = t
+	}
+	return t
 }
 
 // NewPool returns an empty pool.
@@ -123,6 +157,9 @@ func NewPool(o PoolOptions) *Pool {
 	if o.HardExpiryGrace <= 0 {
 		o.HardExpiryGrace = DefaultHardExpiryGrace
 	}
+	if o.MaxChangeLog <= 0 {
+		o.MaxChangeLog = DefaultMaxChangeLog
+	}
 	return &Pool{
 		now:        o.Now,
 		maxEntries: o.MaxEntries,
@@ -132,6 +169,7 @@ func NewPool(o PoolOptions) *Pool {
 		free:       tree{id: linkFree},
 		expiry:     tree{id: linkExpiry},
 		removed:    make(map[proxy.ID]*entry),
+		changes:    changeLog{max: o.MaxChangeLog},
 		idem: idempotencyCache{
 			max:   o.MaxIdempotencyRecords,
 			byKey: make(map[string]*idemRecord),
@@ -248,7 +286,7 @@ func (p *Pool) upstreamLocked(name string) *upstreamIndex {
 			name:    name,
 			entries: make(map[proxy.ID]*entry),
 			avail:   tree{id: linkUpAvail},
-			free:    tree{id: linkUpFree},
+			free:    tree{id: linkUpOwner},
 		}
 		p.upstreams[name] = u
 	}
@@ -274,6 +312,7 @@ func (p *Pool) insertLocked(u *upstreamIndex, e *entry) {
 }
 
 func (p *Pool) deleteLocked(e *entry) {
+	p.changes.record(e.p.ID)
 	p.leaveLocked(e)
 	p.expiry.remove(e)
 	delete(p.byID, e.p.ID)
@@ -281,11 +320,14 @@ func (p *Pool) deleteLocked(e *entry) {
 	p.dropIfEmptyLocked(e.up)
 }
 
-// enterLocked adds e to the counters and indexes of its state and owner;
-// leaveLocked undoes it. Every state or owner change is leave, mutate,
-// enter, so the indexes cannot drift from the entries.
+// enterLocked adds e to the counters and indexes of its state and owner
+// and logs the change; leaveLocked undoes it. Every state or owner change
+// is leave, mutate, enter, so the indexes cannot drift from the entries
+// (and leave finds the owner index enter used).
 func (p *Pool) enterLocked(e *entry) {
+	p.changes.record(e.p.ID)
 	s, u := e.p.State, e.up
+	p.byState[s].push(e)
 	p.counts[s]++
 	u.states[s]++
 	if managedState(s) {
@@ -295,8 +337,8 @@ func (p *Pool) enterLocked(e *entry) {
 	case proxy.StateAvailable:
 		k := nanos(e.p.UsableUntil)
 		u.avail.insert(e, k)
+		u.ownerTree(e.p.Owner, true).insert(e, k)
 		if e.p.Owner == "" {
-			u.free.insert(e, k)
 			p.free.insert(e, k)
 		}
 	case proxy.StateRemoved:
@@ -306,15 +348,49 @@ func (p *Pool) enterLocked(e *entry) {
 
 func (p *Pool) leaveLocked(e *entry) {
 	s, u := e.p.State, e.up
+	p.byState[s].remove(e)
 	p.counts[s]--
 	u.states[s]--
 	if managedState(s) {
 		u.managed--
 	}
 	u.avail.remove(e)
-	u.free.remove(e)
+	if t := u.ownerTree(e.p.Owner, false); t != nil {
+		t.remove(e)
+		if t.root == nil && e.p.Owner != "" {
+			delete(u.owned, e.p.Owner)
+		}
+	}
 	p.free.remove(e)
 	delete(p.removed, e.p.ID)
+}
+
+// stateList is the entries of one state, least recently re-indexed
+// (entered the state or changed owner) first.
+type stateList struct{ head, tail *entry }
+
+func (l *stateList) push(e *entry) {
+	e.sprev, e.snext = l.tail, nil
+	if l.tail != nil {
+		l.tail.snext = e
+	} else {
+		l.head = e
+	}
+	l.tail = e
+}
+
+func (l *stateList) remove(e *entry) {
+	if e.sprev != nil {
+		e.sprev.snext = e.snext
+	} else {
+		l.head = e.snext
+	}
+	if e.snext != nil {
+		e.snext.sprev = e.sprev
+	} else {
+		l.tail = e.sprev
+	}
+	e.sprev, e.snext = nil, nil
 }
 
 func (p *Pool) setStateLocked(e *entry, to proxy.State) {
@@ -338,7 +414,8 @@ func (p *Pool) Get(ctx context.Context, id proxy.ID) (proxy.Proxy, error) {
 }
 
 // List implements activitypool.Pool. Results are sorted by ID; with a Limit
-// the subset is arbitrary, as with a Redis SCAN.
+// and a state filter the subset is the soonest to expire (hard expiry), as
+// with the Redis pool, otherwise arbitrary.
 func (p *Pool) List(ctx context.Context, f activitypool.Filter) ([]proxy.Proxy, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("list proxies: %w", err)
@@ -354,20 +431,52 @@ func (p *Pool) List(ctx context.Context, f activitypool.Filter) ([]proxy.Proxy, 
 	return out, nil
 }
 
+// listLocked walks the requested states' lists when they are smaller than
+// the upstream's entries, so listing a rare state of a large pool costs
+// that state's size, not the pool's. When a Limit leaves some out, it
+// walks the expiry index instead and keeps the soonest to expire, as
+// Redis's List does (the lifecycle relies on it to find the due ones
+// first): O(Limit) when the states are most of the pool.
 func (p *Pool) listLocked(f activitypool.Filter, want [numStates]bool) []proxy.Proxy {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	src := p.byID
+	var u *upstreamIndex
 	if f.Upstream != "" {
-		u := p.upstreams[f.Upstream]
-		if u == nil {
+		if u = p.upstreams[f.Upstream]; u == nil {
 			return []proxy.Proxy{}
 		}
 		src = u.entries
 	}
 	out := []proxy.Proxy{}
+	full := func() bool { return f.Limit > 0 && len(out) >= f.Limit }
+	inStates := 0
+	for s, ok := range want {
+		if ok {
+			inStates += p.counts[s]
+		}
+	}
+	switch {
+	case len(f.States) > 0 && f.Limit > 0 && min(inStates, len(src)) > f.Limit:
+		p.expiry.ascendTo(math.MaxInt64, func(e *entry) bool {
+			if want[e.p.State] && (u == nil || e.up == u) {
+				out = append(out, copyProxy(&e.p))
+			}
+			return !full()
+		})
+		return out
+	case len(f.States) > 0 && inStates <= len(src):
+		for s, ok := range want {
+			for e := p.byState[s].head; ok && e != nil; e = e.snext {
+				if u == nil || e.up == u {
+					out = append(out, copyProxy(&e.p))
+				}
+			}
+		}
+		return out
+	}
 	for _, e := range src {
-		if f.Limit > 0 && len(out) >= f.Limit {
+		if full() {
 			break
 		}
 		if len(f.States) > 0 && !want[e.p.State] {
@@ -434,6 +543,8 @@ func (p *Pool) RecordHealth(ctx context.Context, h activitypool.Health) error {
 	e.p.ConsecutiveFails = h.Fails
 	if h.From != h.To {
 		p.setStateLocked(e, h.To)
+	} else {
+		p.changes.record(e.p.ID)
 	}
 	return nil
 }
@@ -521,13 +632,54 @@ func (p *Pool) Inventory(ctx context.Context, up string, now time.Time) (upstrea
 	if u == nil {
 		return upstream.Inventory{}, nil
 	}
-	n, slots := u.avail.countAbove(nanos(now))
+	n, _, slots := u.avail.countAbove(nanos(now))
 	return upstream.Inventory{
 		Managed:        u.managed,
 		Available:      n,
 		AvailableSlots: slots,
 		Pending:        u.states[proxy.StateFetched] + u.states[proxy.StateChecking],
 	}, nil
+}
+
+// FreeCapacity returns, over the AVAILABLE proxies of upstream up usable
+// at now, how many have a free slot and the free slots in all. A proxy's
+// free slots are its MaxConcurrency when unowned; MaxConcurrency minus
+// used[owner][id], never below zero, when its owner is a key of used; none
+// when its owner is not (a worker nobody reports for: fail closed). It
+// costs O(owners · log n + the used entries of those owners), never a
+// walk of the upstream.
+func (p *Pool) FreeCapacity(ctx context.Context, up string, now time.Time, used map[string]map[proxy.ID]int64) (int, int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, 0, fmt.Errorf("free capacity of upstream %q: %w", up, err)
+	}
+	floor := nanos(now)
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	u := p.upstreams[up]
+	if u == nil {
+		return 0, 0, nil
+	}
+	_, n, slots := u.free.countAbove(floor)
+	for owner, t := range u.owned {
+		m, known := used[owner]
+		if !known {
+			continue
+		}
+		_, on, os := t.countAbove(floor)
+		for id, k := range m {
+			e := u.entries[id]
+			if k <= 0 || e == nil || e.p.State != proxy.StateAvailable || e.p.Owner != owner ||
+				e.slots == 0 || e.links[linkUpOwner].key <= floor {
+				continue
+			}
+			os -= min(k, e.slots)
+			if k >= e.slots {
+				on--
+			}
+		}
+		n, slots = n+on, slots+os
+	}
+	return n, slots, nil
 }
 
 // Extract implements activitypool.Pool in one critical section: replay
@@ -637,14 +789,14 @@ func (p *Pool) usableAvailableLocked(names []string, now time.Time) int {
 	total := 0
 	if len(names) == 0 {
 		for _, u := range p.upstreams {
-			n, _ := u.avail.countAbove(floor)
+			n, _, _ := u.avail.countAbove(floor)
 			total += n
 		}
 		return total
 	}
 	for _, name := range distinct(names) {
 		if u := p.upstreams[name]; u != nil {
-			n, _ := u.avail.countAbove(floor)
+			n, _, _ := u.avail.countAbove(floor)
 			total += n
 		}
 	}

@@ -8,8 +8,9 @@ import (
 // The pool keeps its ordered indexes as treaps threaded through the entries
 // themselves: an entry carries one link per index, so the indexes cost no
 // allocation beyond the entry and an entry can sit in several at once. Each
-// node is augmented with its subtree's size and MaxConcurrency sum, which
-// makes Inventory a walk down one path instead of a scan of the upstream.
+// node is augmented with its subtree's size, members with a slot and
+// MaxConcurrency sum, which makes Inventory and FreeCapacity a walk down
+// one path instead of a scan of the upstream.
 
 // linkID names one index an entry can be threaded into.
 type linkID uint8
@@ -18,9 +19,11 @@ const (
 	// linkUpAvail: AVAILABLE entries of one upstream, owned or not, by
 	// UsableUntil. Inventory and reserveForGateway count it.
 	linkUpAvail linkID = iota
-	// linkUpFree: AVAILABLE unowned entries of one upstream, by UsableUntil.
-	// Extraction with an upstream filter walks it.
-	linkUpFree
+	// linkUpOwner: AVAILABLE entries of one upstream and one owner, by
+	// UsableUntil. An entry has one owner at a time, so one link serves
+	// the upstream's unowned index (upstreamIndex.free, which extraction
+	// with an upstream filter walks) and each owner's (FreeCapacity).
+	linkUpOwner
 	// linkFree: AVAILABLE unowned entries of all upstreams, by UsableUntil.
 	// Extraction without an upstream filter walks it.
 	linkFree
@@ -38,6 +41,7 @@ type link struct {
 	seq         uint64 // the entry's admission sequence, the tie-break
 	slots       int64
 	size        int32
+	live        int32 // members with slots > 0
 	prio        uint32
 	member      bool
 }
@@ -64,6 +68,13 @@ func (t *tree) size(n *entry) int32 {
 	return n.links[t.id].size
 }
 
+func (t *tree) live(n *entry) int32 {
+	if n == nil {
+		return 0
+	}
+	return n.links[t.id].live
+}
+
 func (t *tree) sum(n *entry) int64 {
 	if n == nil {
 		return 0
@@ -74,6 +85,10 @@ func (t *tree) sum(n *entry) int64 {
 func (t *tree) pull(n *entry) {
 	l := &n.links[t.id]
 	l.size = 1 + t.size(l.left) + t.size(l.right)
+	l.live = t.live(l.left) + t.live(l.right)
+	if n.slots > 0 {
+		l.live++
+	}
 	l.slots = n.slots + t.sum(l.left) + t.sum(l.right)
 }
 
@@ -174,20 +189,24 @@ func (t *tree) merge(a, b *entry) *entry {
 	}
 }
 
-// countAbove returns how many members have key > floor and the sum of their
-// slots, in O(height).
-func (t *tree) countAbove(floor int64) (n int, slots int64) {
+// countAbove returns how many members have key > floor, how many of those
+// have slots (live) and the sum of their slots, in O(height).
+func (t *tree) countAbove(floor int64) (n, live int, slots int64) {
 	for c := t.root; c != nil; {
 		l := &c.links[t.id]
 		if l.key > floor {
 			n += 1 + int(t.size(l.right))
+			live += int(t.live(l.right))
+			if c.slots > 0 {
+				live++
+			}
 			slots += c.slots + t.sum(l.right)
 			c = l.left
 		} else {
 			c = l.right
 		}
 	}
-	return n, slots
+	return n, live, slots
 }
 
 // descendAbove visits members with key > floor from the largest key down,

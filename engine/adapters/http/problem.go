@@ -12,6 +12,7 @@ import (
 	"github.com/proxypool/proxypool/engine/config"
 	"github.com/proxypool/proxypool/engine/controller"
 	ctlextraction "github.com/proxypool/proxypool/engine/controller/extraction"
+	"github.com/proxypool/proxypool/engine/domain/activitypool"
 	"github.com/proxypool/proxypool/engine/domain/extraction"
 	"github.com/proxypool/proxypool/engine/domain/management"
 )
@@ -176,11 +177,27 @@ func problemFor(log *slog.Logger, op string, err error) *problem {
 		// The client went away; nobody reads this answer and nothing failed.
 		log.Debug("request cancelled", "op", op)
 		return newProblem(http.StatusServiceUnavailable, ptUnavailable, "request cancelled")
-	case errors.Is(err, management.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
+	case errors.Is(err, activitypool.ErrUnavailable), errors.Is(err, activitypool.ErrStateLost),
+		errors.Is(err, management.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
 		log.Warn("request failed: dependency unavailable", "op", op, "err", err)
-		return newProblem(http.StatusServiceUnavailable, ptUnavailable, "a backing store is unavailable; retry later")
+		return newProblem(http.StatusServiceUnavailable, ptUnavailable, unavailableDetail(err))
 	default:
 		log.Error("request failed", "op", op, "err", err)
 		return newProblem(http.StatusInternalServerError, ptInternal, "internal error")
+	}
+}
+
+// unavailableDetail names the store that failed, in fixed words: the
+// error itself may carry addresses.
+func unavailableDetail(err error) string {
+	switch {
+	case errors.Is(err, activitypool.ErrStateLost):
+		return "the activity pool store lost its state and is being refilled; retry later"
+	case errors.Is(err, activitypool.ErrUnavailable):
+		return "the activity pool store is unavailable; retry later"
+	case errors.Is(err, management.ErrUnavailable):
+		return "the management store is unavailable; retry later"
+	default:
+		return "a backing store did not answer in time; retry later"
 	}
 }

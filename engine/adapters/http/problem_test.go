@@ -1,8 +1,10 @@
 package httpapi
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -10,6 +12,8 @@ import (
 
 	"github.com/proxypool/proxypool/engine/controller"
 	ctlextraction "github.com/proxypool/proxypool/engine/controller/extraction"
+	"github.com/proxypool/proxypool/engine/domain/activitypool"
+	"github.com/proxypool/proxypool/engine/domain/management"
 )
 
 // TestExtractControllerErrors: the controller's request and rate-limit
@@ -74,5 +78,28 @@ func TestExtractControllerErrors(t *testing.T) {
 				t.Errorf("body leaks the internal retryAfter field: %s", r.body)
 			}
 		})
+	}
+}
+
+// TestUnavailableNamesTheStore: a store outage, however wrapped, is a 503
+// whose detail names the store in fixed words, never the error's text
+// (which may carry an address).
+func TestUnavailableNamesTheStore(t *testing.T) {
+	addr := "127.0.0.1:6390"
+	tests := []struct {
+		err  error
+		want string
+	}{
+		{fmt.Errorf("list proxies: %w: dial tcp %s: connection refused", activitypool.ErrUnavailable, addr), "activity pool store is unavailable"},
+		{fmt.Errorf("extract: %w", fmt.Errorf("generation %s: %w", addr, activitypool.ErrStateLost)), "activity pool store lost its state"},
+		{fmt.Errorf("audit: %w: %s", management.ErrUnavailable, addr), "management store is unavailable"},
+		{fmt.Errorf("reading %s: %w", addr, context.DeadlineExceeded), "did not answer in time"},
+	}
+	for _, tc := range tests {
+		p := problemFor(slog.New(slog.DiscardHandler), "op", tc.err)
+		if p.Status != http.StatusServiceUnavailable || p.Type != problemTypeBase+ptUnavailable ||
+			!strings.Contains(p.Detail, tc.want) || strings.Contains(p.Detail, addr) {
+			t.Errorf("%v: got %d %q, want 503 naming %q", tc.err, p.Status, p.Detail, tc.want)
+		}
 	}
 }

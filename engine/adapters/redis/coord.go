@@ -2,10 +2,11 @@ package redisstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/proxypool/proxypool/engine/domain/coordination"
 )
 
 // Coordinator is the cluster coordination of seed 000 §8 and §12.2 on
@@ -20,40 +21,30 @@ type Coordinator struct {
 	*core
 }
 
+// The coordination types and policy errors are the domain's
+// (engine/domain/coordination), so the controller can consume them
+// without importing this package.
+type (
+	Lease         = coordination.Lease
+	PermitRequest = coordination.PermitRequest
+	Permit        = coordination.Permit
+	Ledger        = coordination.Ledger
+	Rate          = coordination.Rate
+	RateResult    = coordination.RateResult
+	WorkerBeat    = coordination.WorkerBeat
+	// WaitError says the upstream's requestInterval has not passed; retry
+	// after RetryAfter.
+	WaitError = coordination.WaitError
+)
+
 // Coordination errors.
 var (
 	// ErrInFlightFull: maxInFlight permits are out.
-	ErrInFlightFull = errors.New("provider calls in flight at maxInFlight")
+	ErrInFlightFull = coordination.ErrInFlightFull
 	// ErrBudgetExhausted: settled plus pending plus this call's expected
 	// amount would pass fetch.maxTotal.
-	ErrBudgetExhausted = errors.New("fetch.maxTotal budget exhausted")
+	ErrBudgetExhausted = coordination.ErrBudgetExhausted
 )
-
-// WaitError says the upstream's requestInterval has not passed; retry
-// after RetryAfter.
-type WaitError struct{ RetryAfter time.Duration }
-
-func (e *WaitError) Error() string {
-	return fmt.Sprintf("requestInterval not elapsed; retry in %s", e.RetryAfter)
-}
-
-// Lease is an upstream's provider leader lease. The pair (Generation,
-// Epoch) is the fence: epochs only grow within a generation, and a new
-// generation (Redis lost its state) voids every earlier lease.
-type Lease struct {
-	Upstream   string
-	Holder     string
-	Generation string
-	Epoch      int64
-	// ExpiresAt is the server's expiry; ValidUntil the holder's local,
-	// earlier, deadline: past it, without a successful renewal, the holder
-	// is no longer leader, whatever Redis says.
-	ExpiresAt  time.Time
-	ValidUntil time.Time
-}
-
-// Valid reports whether the holder may act as leader at now (local clock).
-func (l Lease) Valid(now time.Time) bool { return now.Before(l.ValidUntil) }
 
 // AcquireLeader makes holder the upstream's fetch leader for ttl with a new
 // epoch, unless a live lease exists (ErrLeaseHeld, whoever holds it: even
@@ -130,33 +121,6 @@ func (c *Coordinator) ReleaseLeader(ctx context.Context, l Lease) error {
 	return nil
 }
 
-// PermitRequest is one provider call the leader wants to make.
-type PermitRequest struct {
-	// RequestInterval is the minimum time between two permits.
-	RequestInterval time.Duration
-	// MaxInFlight bounds unsettled permits; 0 means no bound.
-	MaxInFlight int
-	// MaxTotal bounds the proxies fetched in this generation (settled plus
-	// pending expected); 0 means no bound.
-	MaxTotal int64
-	// Expected is what the call is expected to return
-	// (estimatedIPsPerCall), reserved against MaxTotal until settled.
-	Expected int64
-	// TTL is how long the permit is held at most; an unsettled permit past
-	// it is booked at Expected and frees its in-flight slot.
-	TTL time.Duration
-}
-
-// Permit allows one provider call.
-type Permit struct {
-	ID         int64
-	Upstream   string
-	Generation string
-	Epoch      int64
-	Expected   int64
-	ExpiresAt  time.Time
-}
-
 // AcquirePermit decides, atomically and under the leader fence, whether the
 // leader may call the provider now: expired permits are booked at their
 // expected amount, then requestInterval (*WaitError), maxInFlight
@@ -216,17 +180,6 @@ func (c *Coordinator) SettlePermit(ctx context.Context, p Permit, actual int64, 
 	return toInt(r[1]) == 1, nil
 }
 
-// Ledger is an upstream's fetch accounting in the current generation.
-type Ledger struct {
-	// Total is what settled (actual or, when unknown, expected).
-	Total int64
-	// Pending is the expected amount of unsettled permits.
-	Pending  int64
-	InFlight int
-	// Expired counts permits booked at expiry, never settled in time.
-	Expired int64
-}
-
 // Ledger reads an upstream's ledger.
 func (c *Coordinator) Ledger(ctx context.Context, upstream string) (Ledger, error) {
 	r, err := c.run(ctx, scriptLedger, fmt.Sprintf("read fetch ledger of upstream %q", upstream), c.Generation(), upstream)
@@ -236,37 +189,35 @@ func (c *Coordinator) Ledger(ctx context.Context, upstream string) (Ledger, erro
 	return Ledger{Total: toInt(r[1]), Pending: toInt(r[2]), InFlight: int(toInt(r[3])), Expired: toInt(r[4])}, nil
 }
 
-// Rate is a client rate limit: Limit requests per Period with bursts of
-// Burst (at least 1).
-type Rate struct {
-	Limit  int
-	Period time.Duration
-	Burst  int
-}
-
-// RateResult is one rate-limit decision.
-type RateResult struct {
-	Allowed    bool
-	Remaining  int
-	RetryAfter time.Duration
-}
-
-// Allow takes one request from key's budget (GCRA, one key per client,
-// shared by every controller). Keys are client names, bounded by
-// configuration.
+// Allow takes one unit from key's budget (GCRA, one key per client, shared
+// by every controller). Keys are client names, bounded by configuration.
 func (c *Coordinator) Allow(ctx context.Context, key string, r Rate) (RateResult, error) {
+	return c.AllowN(ctx, key, r, 1)
+}
+
+// AllowN takes n units at once, or none: one GCRA arrival costing n
+// emission intervals against the same tolerance of Burst units (the
+// script's burst count is Burst/n, a Lua double), so mixed request sizes
+// share one budget of Limit units per Period. More than Burst units can
+// never pass: refused, retry after Period. Remaining is in units, rounded
+// down to whole requests of n.
+func (c *Coordinator) AllowN(ctx context.Context, key string, r Rate, n int) (RateResult, error) {
 	what := "client rate limit"
-	if r.Limit <= 0 || r.Period <= 0 || r.Burst < 1 || key == "" {
-		return RateResult{}, fmt.Errorf("%s: invalid rate %+v for %q", what, r, key)
+	if r.Limit <= 0 || r.Period <= 0 || r.Burst < 1 || key == "" || n < 1 {
+		return RateResult{}, fmt.Errorf("%s: invalid rate %+v of %d for %q", what, r, n, key)
+	}
+	if n > r.Burst {
+		return RateResult{RetryAfter: r.Period}, nil
 	}
 	emission := max(r.Period.Microseconds()/int64(r.Limit), 1)
-	res, err := c.run(ctx, scriptRateLimit, what, c.Generation(), key, emission, r.Burst)
+	burst := strconv.FormatFloat(float64(r.Burst)/float64(n), 'f', -1, 64)
+	res, err := c.run(ctx, scriptRateLimit, what, c.Generation(), key, emission*int64(n), burst)
 	if err != nil {
 		return RateResult{}, err
 	}
 	return RateResult{
 		Allowed:    toInt(res[1]) == 1,
-		Remaining:  int(toInt(res[2])),
+		Remaining:  int(toInt(res[2])) * n,
 		RetryAfter: time.Duration(toInt(res[3])) * time.Microsecond,
 	}, nil
 }
@@ -293,14 +244,6 @@ func (c *Coordinator) Heartbeat(ctx context.Context, worker string, ttl time.Dur
 	}
 	_, err := c.run(ctx, scriptHeartbeat, what, c.Generation(), args...)
 	return err
-}
-
-// WorkerBeat is a live worker's last heartbeat.
-type WorkerBeat struct {
-	Worker    string
-	At        time.Time
-	ExpiresAt time.Time
-	Info      map[string]string
 }
 
 // Workers lists live workers (at most MaxWorkers) and forgets dead ones.

@@ -220,6 +220,26 @@ func TestCoordinator(t *testing.T) {
 		}
 	})
 
+	t.Run("RateLimitUnits", func(t *testing.T) {
+		c := coord(t)
+		r := redisstore.Rate{Limit: 5, Period: time.Hour, Burst: 5}
+		for i, step := range []struct {
+			n       int
+			allowed bool
+		}{{3, true}, {3, false}, {2, true}, {1, false}} {
+			res, err := c.AllowN(ctx, "client-1", r, step.n)
+			if err != nil || res.Allowed != step.allowed || (!res.Allowed && res.RetryAfter <= 0) {
+				t.Fatalf("step %d: %d units: %+v, %v; want allowed=%v", i, step.n, res, err, step.allowed)
+			}
+		}
+		if res, err := c.AllowN(ctx, "client-2", r, 6); err != nil || res.Allowed || res.RetryAfter != time.Hour {
+			t.Fatalf("more than the burst: %+v, %v", res, err)
+		}
+		if _, err := c.AllowN(ctx, "client-2", r, 0); err == nil {
+			t.Fatal("zero units accepted")
+		}
+	})
+
 	t.Run("Heartbeats", func(t *testing.T) {
 		c := coord(t)
 		must(t, c.Heartbeat(ctx, "w1", time.Minute, map[string]string{"version": "1.2.3"}))

@@ -15,12 +15,14 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/proxypool/proxypool/engine/config"
+	"github.com/proxypool/proxypool/engine/domain/activitypool"
 )
 
 // ErrUnavailable wraps every failure to reach Redis (refused, timed out,
 // connection lost mid-command): the caller stops fetching, extracting and
-// changing ownership (seed 000 §18) and retries later.
-var ErrUnavailable = errors.New("redis activity store unavailable")
+// changing ownership (seed 000 §18) and retries later. It is the domain's
+// activitypool.ErrUnavailable, so callers need not import this package.
+var ErrUnavailable = activitypool.ErrUnavailable
 
 // ErrGenerationChanged is returned by an operation that found Redis on
 // another generation than the one this process knew: Redis lost its state
@@ -39,8 +41,11 @@ func (e *GenerationError) Error() string {
 	return fmt.Sprintf("redis generation changed from %s to %s: state was lost", e.Old, e.New)
 }
 
-// Is makes errors.Is(err, ErrGenerationChanged) true.
-func (e *GenerationError) Is(target error) bool { return target == ErrGenerationChanged }
+// Is makes errors.Is(err, ErrGenerationChanged) and errors.Is(err,
+// activitypool.ErrStateLost) true.
+func (e *GenerationError) Is(target error) bool {
+	return target == ErrGenerationChanged || target == activitypool.ErrStateLost
+}
 
 // Client defaults; every bound is explicit so an unreachable server turns
 // into an error within OpTimeout rather than a hang.
@@ -153,6 +158,15 @@ func NewClient(c config.Redis) (*redis.Client, error) {
 	o.ContextTimeoutEnabled = true
 	o.DisableIdentity = true
 	return redis.NewClient(o), nil
+}
+
+// clientLog routes go-redis's own messages (a failed dial, a bad pooled
+// connection) to slog at debug level: during an outage they repeat on
+// every attempt, and the store's errors already carry the cause.
+type clientLog struct{ log *slog.Logger }
+
+func (l clientLog) Printf(ctx context.Context, format string, v ...any) {
+	l.log.DebugContext(ctx, fmt.Sprintf(format, v...), "component", "go-redis")
 }
 
 // core is what the Pool and the Coordinator share: the client, the key

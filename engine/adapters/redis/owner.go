@@ -7,17 +7,18 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/proxypool/proxypool/engine/domain/coordination"
 	"github.com/proxypool/proxypool/engine/domain/proxy"
 )
 
 // ErrLeaseHeld is returned when a live lease is in the way: another leader
 // of an upstream, or a worker's ownership lease that has not expired.
-var ErrLeaseHeld = errors.New("lease held")
+var ErrLeaseHeld = coordination.ErrLeaseHeld
 
 // ErrLeaseLost is returned when a lease is no longer the current one: it
 // expired, was released, was replaced by a later epoch, or Redis lost its
 // state. Its holder must stop acting on it at once.
-var ErrLeaseLost = errors.New("lease lost")
+var ErrLeaseLost = coordination.ErrLeaseLost
 
 // leaseSafety is the share of a lease's TTL by which a holder's local
 // deadline (ValidUntil) precedes the server's expiry: it absorbs the

@@ -49,8 +49,13 @@ func Open(ctx context.Context, c config.Redis) (*Pool, error) {
 	return OpenWith(ctx, c, Options{})
 }
 
-// OpenWith is Open with options.
+// OpenWith is Open with options. With a Logger it also becomes the
+// destination of the go-redis client's own messages (process-wide: the
+// library has one logger).
 func OpenWith(ctx context.Context, c config.Redis, o Options) (*Pool, error) {
+	if o.Logger != nil {
+		redis.SetLogger(clientLog{o.Logger})
+	}
 	rdb, err := NewClient(c)
 	if err != nil {
 		return nil, err

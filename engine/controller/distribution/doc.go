@@ -13,6 +13,14 @@
 // In standalone mode one worker, "local", is registered; the assignment
 // balances over any number of workers.
 //
+// A round costs what changed: over a store with an activitypool.ChangeFeed
+// the publisher keeps a sorted mirror of the AVAILABLE proxies and applies
+// the changes since the last round; a worker's proxy list is rebuilt only
+// when its proxies, the exclusions or their usability changed, and handed
+// out again otherwise. Other stores are listed every round. Published
+// lists are shared between rounds and with the mirror: appliers and
+// OnPublished must never modify a snapshot's proxies.
+//
 // It must never import a concrete store or the gateway: workers are
 // worker.Applier values.
 //

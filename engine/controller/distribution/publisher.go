@@ -1,11 +1,12 @@
 package distribution
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"sort"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,7 +22,10 @@ import (
 	"github.com/proxypool/proxypool/engine/domain/worker"
 )
 
-// Store is the part of the activity pool the publisher needs.
+// Store is the part of the activity pool the publisher needs. A store that
+// is also an activitypool.ChangeFeed is followed through its changes, so a
+// round costs what changed since the last; any other is listed every
+// round.
 type Store interface {
 	List(ctx context.Context, f activitypool.Filter) ([]proxy.Proxy, error)
 	SetOwner(ctx context.Context, ids []proxy.ID, owner string) error
@@ -54,7 +58,7 @@ type Options struct {
 	Cursors CursorReader
 	// OnPublished is told about each worker's applied snapshot (workerID
 	// "" when no worker is registered and the snapshot was only built). It
-	// must not block.
+	// must not block nor modify the snapshot.
 	OnPublished func(workerID string, s *worker.Snapshot)
 	// Exclusions returns, per routing, proxies that routing must not use
 	// (failed TARGET checks); nil: none. Called once per publish.
@@ -78,6 +82,7 @@ type registered struct {
 	id      string
 	applier worker.Applier
 	state   WorkerState
+	out     output
 }
 
 // Publisher builds and pushes snapshots.
@@ -93,6 +98,8 @@ type Publisher struct {
 	// snapshot afterwards. Revocation for extraction relies on this.
 	mu      sync.Mutex
 	workers []*registered
+	mirror  *mirror
+	solo    output // the snapshot's proxies while no worker is registered
 	version uint64
 	cursors map[string]routing.Cursor // last known, for a store outage
 	// cursorDown marks routings whose cursor read is failing, so an outage
@@ -103,6 +110,7 @@ type Publisher struct {
 
 	exMu     sync.Mutex
 	excluded map[proxy.ID]int
+	exGen    uint64 // counts Exclude and Include calls
 }
 
 // New returns a Publisher with an empty view.
@@ -126,7 +134,7 @@ func New(o Options) *Publisher {
 		o.MaxProxies = DefaultMaxProxies
 	}
 	p := &Publisher{
-		o: o, trigger: make(chan struct{}, 1), m: newMetrics(o.Registry),
+		o: o, trigger: make(chan struct{}, 1), m: newMetrics(o.Registry), mirror: newMirror(o.Store, o.MaxProxies),
 		cursors: map[string]routing.Cursor{}, cursorDown: map[string]bool{}, excluded: map[proxy.ID]int{},
 	}
 	p.view.Store(&View{MaxStaleAge: DefaultMaxStaleAge})
@@ -162,6 +170,7 @@ func (p *Publisher) Exclude(ids []proxy.ID) {
 	for _, id := range ids {
 		p.excluded[id]++
 	}
+	p.exGen++
 	p.exMu.Unlock()
 }
 
@@ -175,17 +184,18 @@ func (p *Publisher) Include(ids []proxy.ID) {
 			p.excluded[id]--
 		}
 	}
+	p.exGen++
 	p.exMu.Unlock()
 }
 
-func (p *Publisher) excludedSet() map[proxy.ID]bool {
+func (p *Publisher) excludedSet() (map[proxy.ID]bool, uint64) {
 	p.exMu.Lock()
 	defer p.exMu.Unlock()
 	out := make(map[proxy.ID]bool, len(p.excluded))
 	for id := range p.excluded {
 		out[id] = true
 	}
-	return out
+	return out, p.exGen
 }
 
 // Trigger asks for a publish soon; triggers coalesce.
@@ -221,42 +231,47 @@ func (p *Publisher) Run(ctx context.Context) error {
 	return nil
 }
 
-// Publish builds and applies one snapshot per worker.
+// Publish builds and applies one snapshot per worker. A worker's proxy
+// list is rebuilt only when its proxies, the exclusions or their
+// usability changed since the last round; otherwise the previous list is
+// handed out again (snapshots are never modified once built).
 func (p *Publisher) Publish(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	start := time.Now()
 	now := p.o.Now()
 	view := p.view.Load()
-	excluded := p.excludedSet()
+	excluded, exGen := p.excludedSet()
 	cursors := p.readCursors(ctx, view.Rules)
 
 	var errs []error
 	if len(p.workers) > 0 {
-		if err := p.assign(ctx, now, excluded); err != nil {
+		if err := p.mirror.sync(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("listing proxies to assign: %w", err))
+		} else if err := p.assign(ctx, now, excluded); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	// Re-read after the ownership write: a proxy is published only if it
 	// was AVAILABLE and owned by the worker at this read, so one extracted
 	// concurrently (unowned, hence never published) cannot slip in.
-	avail, err := p.o.Store.List(ctx, activitypool.Filter{States: []proxy.State{proxy.StateAvailable}, Limit: p.o.MaxProxies})
-	if err != nil {
+	if err := p.mirror.sync(ctx); err != nil {
 		p.m.publishes.WithLabelValues("error").Inc()
 		return errors.Join(append(errs, fmt.Errorf("listing available proxies: %w", err))...)
 	}
-	byOwner := map[string][]proxy.Proxy{}
-	for i := range avail {
-		px := &avail[i]
-		if excluded[px.ID] || !px.Usable(now) {
-			continue
+	if len(p.workers) == 0 {
+		if p.mirror.changed("", true) || p.solo.stale(now, exGen) {
+			p.solo = p.mirror.build("", true, now, excluded, exGen, p.o.MaxProxies)
 		}
-		owner := px.Owner
-		if len(p.workers) == 0 {
-			owner = ""
+	} else {
+		p.solo = output{}
+		for _, w := range p.workers {
+			if p.mirror.changed(w.id, false) || w.out.stale(now, exGen) {
+				w.out = p.mirror.build(w.id, false, now, excluded, exGen, p.o.MaxProxies)
+			}
 		}
-		byOwner[owner] = append(byOwner[owner], *px)
 	}
+	p.mirror.clean()
 	p.version++
 	base := worker.Snapshot{
 		Version:     p.version,
@@ -270,7 +285,7 @@ func (p *Publisher) Publish(ctx context.Context) error {
 	exclusions := p.o.Exclusions()
 	if len(p.workers) == 0 {
 		s := base
-		s.Proxies = byOwner[""]
+		s.Proxies = p.solo.proxies
 		s.RoutingExclusions = routingExclusions(view.Rules, exclusions, s.Proxies)
 		p.last.Store(&s)
 		p.applied.Store(s.Version)
@@ -281,7 +296,7 @@ func (p *Publisher) Publish(ctx context.Context) error {
 	allOK := true
 	for i, w := range p.workers {
 		s := base
-		s.Proxies = byOwner[w.id]
+		s.Proxies = w.out.proxies
 		s.RoutingExclusions = routingExclusions(view.Rules, exclusions, s.Proxies)
 		actx, cancel := context.WithTimeout(ctx, applyTimeout)
 		err := w.applier.Apply(actx, &s)
@@ -309,24 +324,26 @@ func (p *Publisher) Publish(ctx context.Context) error {
 }
 
 // routingExclusions restricts the exclusions to the configured routings
-// and to the proxies this snapshot carries; nil when none applies.
+// and to the proxies this snapshot carries (sorted by ID, so each lookup
+// is a binary search); nil when none applies.
 func routingExclusions(rules []routing.Rule, ex map[string]map[proxy.ID]bool, ps []proxy.Proxy) map[string][]proxy.ID {
 	if len(ex) == 0 || len(ps) == 0 {
 		return nil
 	}
 	var out map[string][]proxy.ID
 	for _, r := range rules {
-		ids := ex[r.Name]
-		if len(ids) == 0 {
-			continue
-		}
-		for i := range ps {
-			if ids[ps[i].ID] {
-				if out == nil {
-					out = map[string][]proxy.ID{}
-				}
-				out[r.Name] = append(out[r.Name], ps[i].ID)
+		var hit []proxy.ID
+		for id, on := range ex[r.Name] {
+			if _, ok := slices.BinarySearchFunc(ps, id, func(p proxy.Proxy, id proxy.ID) int { return cmp.Compare(p.ID, id) }); on && ok {
+				hit = append(hit, id)
 			}
+		}
+		if len(hit) > 0 {
+			slices.Sort(hit)
+			if out == nil {
+				out = map[string][]proxy.ID{}
+			}
+			out[r.Name] = append(out[r.Name], hit...)
 		}
 	}
 	return out
@@ -367,28 +384,17 @@ func (p *Publisher) readCursors(ctx context.Context, rules []routing.Rule) map[s
 	return out
 }
 
-// assign gives unowned, usable, non-excluded AVAILABLE proxies to the
-// workers owning the fewest.
+// assign gives unowned, usable, non-excluded AVAILABLE proxies (of the
+// synced mirror) to the workers owning the fewest.
 func (p *Publisher) assign(ctx context.Context, now time.Time, excluded map[proxy.ID]bool) error {
-	ps, err := p.o.Store.List(ctx, activitypool.Filter{States: []proxy.State{proxy.StateAvailable}, Limit: p.o.MaxProxies})
-	if err != nil {
-		return fmt.Errorf("listing proxies to assign: %w", err)
-	}
-	owned := map[string]int{}
-	var free []proxy.ID
-	for i := range ps {
-		px := &ps[i]
-		switch {
-		case px.Owner != "":
-			owned[px.Owner]++
-		case !excluded[px.ID] && px.Usable(now):
-			free = append(free, px.ID)
-		}
-	}
+	free := p.mirror.freeIDs(now, excluded)
 	if len(free) == 0 {
 		return nil
 	}
-	sort.Slice(free, func(i, j int) bool { return free[i] < free[j] })
+	owned := map[string]int{}
+	for _, w := range p.workers {
+		owned[w.id] = p.mirror.owned[w.id]
+	}
 	batches := map[string][]proxy.ID{}
 	for _, id := range free {
 		best := p.workers[0].id

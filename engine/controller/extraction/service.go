@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/proxypool/proxypool/engine/domain/activitypool"
+	"github.com/proxypool/proxypool/engine/domain/coordination"
 	"github.com/proxypool/proxypool/engine/domain/extraction"
 	"github.com/proxypool/proxypool/engine/domain/proxy"
 	"github.com/proxypool/proxypool/engine/domain/worker"
@@ -32,6 +33,12 @@ type Publisher interface {
 	Exclude(ids []proxy.ID)
 	Include(ids []proxy.ID)
 	Publish(ctx context.Context) error
+}
+
+// RateLimiter is extraction.perClientPerMinute shared by every controller
+// of a fleet (cluster storage); redisstore.Coordinator implements it.
+type RateLimiter interface {
+	AllowN(ctx context.Context, key string, r coordination.Rate, n int) (coordination.RateResult, error)
 }
 
 // Typed errors; the root controller re-exports them.
@@ -84,6 +91,9 @@ type Options struct {
 	Registry   *prometheus.Registry
 	RevokeWait time.Duration
 	MaxClients int
+	// Limiter, when set (cluster storage), enforces perClientPerMinute
+	// across the fleet instead of the in-process window; see Extract.
+	Limiter RateLimiter
 }
 
 // Counters are cumulative since start.
@@ -169,14 +179,11 @@ func (s *Service) Extract(ctx context.Context, req extraction.Request) (extracti
 		s.m.requests.WithLabelValues("invalid").Inc()
 		return extraction.Result{}, fmt.Errorf("%w: count %d exceeds extraction.maxCount %d", ErrInvalidRequest, req.Count, cfg.MaxCount)
 	}
-	if cfg.PerClientPerMinute > 0 {
-		if wait, ok := s.rl.take(req.Client, req.Count, cfg.PerClientPerMinute, now); !ok {
-			s.m.requests.WithLabelValues("rate_limited").Inc()
-			return extraction.Result{}, &RateLimitError{RetryAfter: wait}
-		}
+	if err := s.limit(ctx, &req, cfg.PerClientPerMinute, now); err != nil {
+		return extraction.Result{}, err
 	}
 	res, err := s.extract(ctx, &req)
-	if cfg.PerClientPerMinute > 0 {
+	if cfg.PerClientPerMinute > 0 && s.o.Limiter == nil {
 		// The limit is on proxies handed out: refund what was not.
 		refund := req.Count
 		if err == nil && !res.Replayed {
@@ -215,6 +222,38 @@ func (s *Service) Extract(ctx context.Context, req extraction.Request) (extracti
 		s.m.requests.WithLabelValues("ok").Inc()
 	}
 	return res, nil
+}
+
+// limit takes req.Count from the client's per-minute budget. In-process it
+// is a one-minute window refunded for what is not handed out. With a
+// shared Limiter it is a GCRA in Redis over the requested count, without
+// refunds (a shared budget cannot take them back atomically). A Limiter
+// that cannot answer refuses the request (fail closed): the extraction
+// itself needs the same Redis, so failing open would buy nothing.
+func (s *Service) limit(ctx context.Context, req *extraction.Request, perMinute int, now time.Time) error {
+	if perMinute <= 0 {
+		return nil
+	}
+	var wait time.Duration
+	if s.o.Limiter == nil {
+		var ok bool
+		if wait, ok = s.rl.take(req.Client, req.Count, perMinute, now); ok {
+			return nil
+		}
+	} else {
+		r := coordination.Rate{Limit: perMinute, Period: time.Minute, Burst: perMinute}
+		res, err := s.o.Limiter.AllowN(ctx, "extract:"+req.Client, r, req.Count)
+		if err != nil {
+			s.m.requests.WithLabelValues("error").Inc()
+			return fmt.Errorf("checking extraction.perClientPerMinute: %w", err)
+		}
+		if res.Allowed {
+			return nil
+		}
+		wait = res.RetryAfter
+	}
+	s.m.requests.WithLabelValues("rate_limited").Inc()
+	return &RateLimitError{RetryAfter: wait}
 }
 
 // extract runs the store extraction, first revoking gateway-owned proxies

@@ -12,7 +12,8 @@
 // Available and AvailableSlots from each usable AVAILABLE proxy's real free
 // capacity — MaxConcurrency minus the owning worker's active and reserved,
 // zero for a worker that does not report, the whole MaxConcurrency for an
-// unowned proxy.
+// unowned proxy. A store that implements CapacityCounter (the embedded
+// pool) computes that from its indexes; any other is listed.
 //
 // It must never import a concrete store or the gateway: it reads worker
 // counts through worker.RuntimeReader.

@@ -17,6 +17,14 @@ type InventoryStore interface {
 	List(ctx context.Context, f activitypool.Filter) ([]proxy.Proxy, error)
 }
 
+// CapacityCounter is implemented by a store that computes the free
+// capacity below from indexes (the embedded pool); the reader then never
+// lists the upstream. used maps every known worker to its active plus
+// reserved per proxy; a proxy owned by a worker not in it counts zero.
+type CapacityCounter interface {
+	FreeCapacity(ctx context.Context, upstream string, now time.Time, used map[string]map[proxy.ID]int64) (available int, slots int64, err error)
+}
+
 // DefaultMaxInventoryScan bounds the AVAILABLE proxies one inventory read
 // looks at (one upstream's; pool.maxSize is far below it).
 const DefaultMaxInventoryScan = 100000
@@ -34,6 +42,10 @@ const DefaultMaxInventoryScan = 100000
 // Available counts the proxies with at least one free slot, so a pool
 // saturated by the gateway reads as short and is refilled (within
 // maxSize). It is a controller cold path; the gateway never calls it.
+//
+// A store that is a CapacityCounter answers in O(owners · log n + the
+// workers' busy proxies); any other is listed (the upstream's AVAILABLE
+// proxies, up to maxScan).
 type InventoryReader struct {
 	store   InventoryStore
 	workers func() map[string]worker.RuntimeReader
@@ -55,17 +67,16 @@ func (r *InventoryReader) Inventory(ctx context.Context, up string, now time.Tim
 	if err != nil {
 		return upstream.Inventory{}, err
 	}
+	used := r.used()
+	if c, ok := r.store.(CapacityCounter); ok {
+		if inv.Available, inv.AvailableSlots, err = c.FreeCapacity(ctx, up, now, used); err != nil {
+			return upstream.Inventory{}, fmt.Errorf("free capacity of %s: %w", up, err)
+		}
+		return inv, nil
+	}
 	ps, err := r.store.List(ctx, activitypool.Filter{Upstream: up, States: []proxy.State{proxy.StateAvailable}, Limit: r.maxScan})
 	if err != nil {
 		return upstream.Inventory{}, fmt.Errorf("listing available proxies of %s: %w", up, err)
-	}
-	used := map[string]map[proxy.ID]int64{}
-	for id, w := range r.workers() {
-		m := map[proxy.ID]int64{}
-		for _, rt := range w.Runtime() {
-			m[rt.ID] += rt.Active + rt.Reserved
-		}
-		used[id] = m
 	}
 	inv.Available, inv.AvailableSlots = 0, 0
 	for i := range ps {
@@ -75,6 +86,19 @@ func (r *InventoryReader) Inventory(ctx context.Context, up string, now time.Tim
 		}
 	}
 	return inv, nil
+}
+
+// used reads every known worker's active and reserved per proxy.
+func (r *InventoryReader) used() map[string]map[proxy.ID]int64 {
+	used := map[string]map[proxy.ID]int64{}
+	for id, w := range r.workers() {
+		m := map[proxy.ID]int64{}
+		for _, rt := range w.Runtime() {
+			m[rt.ID] += rt.Active + rt.Reserved
+		}
+		used[id] = m
+	}
+	return used
 }
 
 func freeSlots(p *proxy.Proxy, now time.Time, used map[string]map[proxy.ID]int64) int64 {

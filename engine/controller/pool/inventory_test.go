@@ -2,6 +2,7 @@ package pool
 
 import (
 	"context"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -61,3 +62,56 @@ func TestInventorySubtractsWorkerCapacityAndOwnership(t *testing.T) {
 		t.Fatalf("without workers = %+v, %v", got, err)
 	}
 }
+
+// listOnly hides the embedded pool's FreeCapacity: the reader lists, as it
+// does over a store without capacity indexes.
+type listOnly struct{ InventoryStore }
+
+// TestInventoryIndexedMatchesListing compares the reader over the
+// embedded pool's capacity indexes with the reader over a listing of the
+// same pool, through random ownership, worker counts, drains and times.
+func TestInventoryIndexedMatchesListing(t *testing.T) {
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(3, 5))
+	pool := embedded.NewPool(embedded.PoolOptions{Now: func() time.Time { return t0 }})
+	var ids []proxy.ID
+	for i := range 30 {
+		got, err := ctltest.AddAvailable(ctx, pool, []string{"a", "b"}[i%2], 10, 1000+10*i, t0, time.Duration(1+rng.IntN(120))*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, got...)
+	}
+	w1, w2 := ctltest.NewWorker(), ctltest.NewWorker()
+	workers := func() map[string]worker.RuntimeReader { return map[string]worker.RuntimeReader{"w1": w1, "w2": w2} }
+	indexed, listed := NewInventoryReader(pool, workers), NewInventoryReader(listOnly{pool}, workers)
+	owned := 0
+	for round := range 200 {
+		id := ids[rng.IntN(len(ids))]
+		switch rng.IntN(4) {
+		case 0:
+			if pool.SetOwner(ctx, []proxy.ID{id}, []string{"w1", "w2", "ghost"}[rng.IntN(3)]) == nil {
+				owned++
+			}
+		case 1:
+			_ = pool.SetOwner(ctx, []proxy.ID{id}, "")
+		case 2:
+			[]*ctltest.Worker{w1, w2}[rng.IntN(2)].SetCounts(id, int64(rng.IntN(4)), int64(rng.IntN(3)))
+		case 3:
+			_ = pool.Transition(ctx, id, proxy.StateAvailable, proxy.StateDraining, t0)
+		}
+		now := t0.Add(time.Duration(rng.IntN(130)) * time.Second)
+		for _, up := range []string{"a", "b"} {
+			got, err1 := indexed.Inventory(ctx, up, now)
+			want, err2 := listed.Inventory(ctx, up, now)
+			if err1 != nil || err2 != nil || got != want {
+				t.Fatalf("round %d, %s at +%s: indexed %+v (%v), listed %+v (%v)", round, up, now.Sub(t0), got, err1, want, err2)
+			}
+		}
+	}
+	if owned < 20 {
+		t.Fatalf("only %d ownership changes: the test did not exercise owned proxies", owned)
+	}
+}
+
+var _ CapacityCounter = (*embedded.Pool)(nil)

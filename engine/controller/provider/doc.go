@@ -5,10 +5,13 @@
 // adapter to build a request, performs the HTTP call itself (bounded time and
 // body, destination guard), has the adapter parse the answer, validates and
 // admits the candidates, and classifies the call as Success, Empty,
-// DuplicateOnly or Error. It enforces requestInterval, maxInFlight,
-// exponential backoff with full jitter, Retry-After, pool.maxSize (through
-// the store) and the fetch.maxTotal ledger. A client request never triggers
-// a fetch.
+// DuplicateOnly or Error. It enforces exponential backoff with full
+// jitter, Retry-After and pool.maxSize (through the store); leadership,
+// requestInterval, maxInFlight and the fetch.maxTotal ledger are its Gate's:
+// the local gate decides in this process (embedded storage), the
+// coordinated gate (NewCoordGate) asks the cluster Coordinator, fetching
+// only under the upstream's leader lease and failing closed on any doubt.
+// A client request never triggers a fetch.
 //
 // The Supervisor pre-checks every runtime it would start or replace
 // (Precheck: the adapter builds a request, the URL is http(s), a literal
@@ -32,4 +35,5 @@
 //	proxypool_provider_rejected_candidates_total{upstream} invalid or refused candidates
 //	proxypool_provider_backoff_seconds{upstream}          current backoff (gauge)
 //	proxypool_provider_http_429_total{upstream}           rate-limited answers
+//	proxypool_provider_leader{upstream}                   1 while leading (cluster)
 package provider

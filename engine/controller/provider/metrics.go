@@ -12,6 +12,7 @@ type Metrics struct {
 	rejected   *prometheus.CounterVec
 	backoff    *prometheus.GaugeVec
 	http429    *prometheus.CounterVec
+	leader     *prometheus.GaugeVec
 }
 
 // NewMetrics creates the provider metrics and registers them on reg (nil:
@@ -47,9 +48,13 @@ func NewMetrics(reg *prometheus.Registry) *Metrics {
 			Namespace: "proxypool", Subsystem: "provider", Name: "http_429_total",
 			Help: "Provider answers with status 429.",
 		}, []string{"upstream"}),
+		leader: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "proxypool", Subsystem: "provider", Name: "leader",
+			Help: "1 while this controller holds the upstream's fetch leadership (cluster storage).",
+		}, []string{"upstream"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.fetches, m.duration, m.fetched, m.duplicates, m.rejected, m.backoff, m.http429)
+		reg.MustRegister(m.fetches, m.duration, m.fetched, m.duplicates, m.rejected, m.backoff, m.http429, m.leader)
 	}
 	return m
 }
@@ -62,4 +67,5 @@ func (m *Metrics) forget(name string) {
 	m.fetches.DeletePartialMatch(prometheus.Labels{"upstream": name})
 	m.duration.DeleteLabelValues(name)
 	m.backoff.DeleteLabelValues(name)
+	m.leader.DeleteLabelValues(name)
 }

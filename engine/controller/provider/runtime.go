@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"golang.org/x/sync/singleflight"
-	"golang.org/x/time/rate"
 
 	"github.com/proxypool/proxypool/engine/config"
 	"github.com/proxypool/proxypool/engine/domain/activitypool"
@@ -63,7 +62,9 @@ type RuntimeOptions struct {
 	Store         Store
 	// Inventory overrides Store's inventory (nil: Store).
 	Inventory InventorySource
-	Ledger    *Ledger // nil: a fresh one from fetch.maxTotal
+	// Gate decides each vendor call (nil: the local gate over Ledger).
+	Gate   Gate
+	Ledger *Ledger // the local gate's; nil: a fresh one from fetch.maxTotal
 	// Tally keeps the cumulative counters across runtime replacement (nil:
 	// a fresh one).
 	Tally   *Tally
@@ -91,6 +92,11 @@ type Status struct {
 	TotalFetched                                 int64 // proxies admitted as new
 	LedgerUsed                                   int64
 	InFlight                                     int
+	// Leader: this runtime holds the upstream's fetch leadership (always
+	// on embedded storage). LeaderError is a fixed reason it does not,
+	// empty when another controller simply leads.
+	Leader      bool
+	LeaderError string
 	// LastError is a fixed description of the last Error's class, never
 	// an adapter's or vendor's text (which may quote bodies or addresses).
 	LastOutcome, LastError    string
@@ -116,21 +122,27 @@ func (t *Tally) snapshot() Status {
 
 // Runtime fetches for one upstream. Create with NewRuntime, start with Run.
 type Runtime struct {
-	o       RuntimeOptions
-	name    string
-	client  *http.Client
-	limiter *rate.Limiter
-	sem     chan struct{}
-	signal  chan struct{}
-	sf      singleflight.Group
-	wg      sync.WaitGroup
+	o      RuntimeOptions
+	name   string
+	client *http.Client
+	gate   Gate
+	signal chan struct{}
+	sf     singleflight.Group
+	wg     sync.WaitGroup
+
+	// admitMu makes a call's admission and the end of its pending count
+	// one step for the planner, which holds it shared while it reads the
+	// inventory and the pending count: otherwise it could count admitted
+	// proxies twice (in the store and still pending), see the target
+	// reached, end the refill early and stop above minimum but short of
+	// target.
+	admitMu sync.RWMutex
 
 	mu           sync.Mutex
 	refilling    bool
 	pending      int // proxies expected from calls in flight
 	counters     upstream.Counters
 	backoffUntil time.Time
-	stopped      string
 	// depletePending: the threshold was reached but the Depleted hook
 	// failed; retried each cycle while the run of empties lasts.
 	depletePending bool
@@ -168,17 +180,18 @@ func NewRuntime(o RuntimeOptions) *Runtime {
 	if o.Admitted == nil {
 		o.Admitted = func(context.Context, string, []proxy.ID) {}
 	}
-	f := o.Upstream.Fetch
+	if o.Gate == nil {
+		o.Gate = newLocalGate(o.Upstream.Fetch, o.Ledger)
+	}
 	r := &Runtime{
-		o:       o,
-		name:    o.Upstream.Name,
-		client:  o.HTTPClient,
-		limiter: rate.NewLimiter(rate.Every(f.RequestInterval), 1),
-		sem:     make(chan struct{}, max(f.MaxInFlight, 1)),
-		signal:  make(chan struct{}, 1),
+		o:      o,
+		name:   o.Upstream.Name,
+		client: o.HTTPClient,
+		gate:   o.Gate,
+		signal: make(chan struct{}, 1),
 	}
 	if r.client == nil {
-		r.client = guardedClient(o.AllowLoopback, f.Timeout)
+		r.client = guardedClient(o.AllowLoopback, o.Upstream.Fetch.Timeout)
 	}
 	return r
 }
@@ -222,9 +235,16 @@ func (r *Runtime) Signal() {
 	}
 }
 
+// statusTimeout bounds the gate's reads (the cluster ledger) for Status.
+const statusTimeout = 2 * time.Second
+
 // Status returns a copy of the runtime's state: the upstream's tally plus
-// this runtime's consecutive counters, backoff and calls in flight.
+// this runtime's consecutive counters, backoff, leadership, ledger and
+// calls in flight.
 func (r *Runtime) Status() Status {
+	ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)
+	defer cancel()
+	v := r.gate.View(ctx)
 	s := r.o.Tally.snapshot()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -232,18 +252,22 @@ func (r *Runtime) Status() Status {
 	s.ConsecutiveErrors = r.counters.ConsecutiveErrors
 	s.BackoffUntil = r.backoffUntil
 	s.DepletionPending = r.depletePending
-	s.Stopped = r.stopped
-	s.LedgerUsed = r.o.Ledger.Used()
-	s.InFlight = len(r.sem)
-	if r.o.Ledger.Exhausted() {
-		s.Stopped = StoppedMaxTotal
-	}
+	s.applyGate(v)
 	return s
 }
 
+func (s *Status) applyGate(v GateView) {
+	s.Leader, s.LeaderError = v.Leader, v.LeaderError
+	s.LedgerUsed, s.InFlight = v.LedgerUsed, v.InFlight
+	if v.Exhausted {
+		s.Stopped = StoppedMaxTotal
+	}
+}
+
 // Run drives the runtime until ctx is done, then waits for calls in flight
-// (which see ctx cancelled) and returns.
+// (which see ctx cancelled), gives up leadership and returns.
 func (r *Runtime) Run(ctx context.Context) error {
+	defer r.gate.Release(ctx)
 	defer r.wg.Wait()
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -278,11 +302,11 @@ func (r *Runtime) cycle(ctx context.Context) time.Duration {
 	}
 	now := r.o.Now()
 	r.retryDepletion(ctx)
-	if r.o.Ledger.Exhausted() {
-		r.mu.Lock()
-		r.stopped = StoppedMaxTotal
-		r.mu.Unlock()
-		return r.o.Tick
+	if !r.gate.Lead(ctx) {
+		return r.o.Tick // another controller fetches, or nobody can tell: fail closed
+	}
+	if r.gate.View(ctx).Exhausted {
+		return r.o.Tick // Status reports StoppedMaxTotal
 	}
 	r.mu.Lock()
 	until := r.backoffUntil
@@ -290,8 +314,10 @@ func (r *Runtime) cycle(ctx context.Context) time.Duration {
 	if d := until.Sub(now); d > 0 {
 		return min(d, r.o.Tick)
 	}
+	r.admitMu.RLock()
 	inv, err := r.o.Inventory.Inventory(ctx, r.name, now)
 	if err != nil {
+		r.admitMu.RUnlock()
 		r.o.Logger.Warn("reading inventory", "upstream", r.name, "err", err)
 		return r.o.Tick
 	}
@@ -301,44 +327,31 @@ func (r *Runtime) cycle(ctx context.Context) time.Duration {
 	// them as pending keeps a slow call from being stacked with more.
 	inv.Pending += r.pending
 	inv.Managed += r.pending
+	r.admitMu.RUnlock()
 	want, refilling := upstream.Plan(inv, upstream.PoolLimits{Minimum: pl.Minimum, Target: pl.Target, MaxSize: pl.MaxSize}, r.refilling)
 	r.refilling = refilling
 	r.mu.Unlock()
 	if want <= 0 {
 		return r.o.Tick
 	}
-	count := min(want, r.o.Upstream.Fetch.EstimatedIPsPerCall)
-	select {
-	case r.sem <- struct{}{}:
-	default:
+	g := r.gate.Acquire(ctx, min(want, r.o.Upstream.Fetch.EstimatedIPsPerCall), now)
+	if g.Count == 0 {
+		if g.Retry > 0 {
+			return g.Retry
+		}
 		return r.o.Tick // a finishing call signals
 	}
-	res := r.limiter.ReserveN(now, 1)
-	if d := res.DelayFrom(now); d > 0 {
-		res.CancelAt(now)
-		<-r.sem
-		return d
-	}
-	grant := r.o.Ledger.Reserve(count)
-	if grant == 0 {
-		res.CancelAt(now)
-		<-r.sem
-		return r.o.Tick
-	}
 	r.mu.Lock()
-	r.pending += grant
+	r.pending += g.Count
 	r.mu.Unlock()
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
-		r.fetch(ctx, grant)
-		r.mu.Lock()
-		r.pending -= grant
-		r.mu.Unlock()
-		<-r.sem
+		r.fetch(ctx, g)
+		g.done()
 		r.Signal()
 	}()
-	if grant < want && len(r.sem) < cap(r.sem) {
+	if g.Count < want && g.More {
 		// More is wanted and another permit is free: plan again as soon as
 		// requestInterval allows rather than a whole tick later.
 		return min(max(r.o.Upstream.Fetch.RequestInterval, time.Millisecond), r.o.Tick)
@@ -405,14 +418,33 @@ type callResult struct {
 	certain bool
 }
 
-func (r *Runtime) fetch(ctx context.Context, count int) {
+// endPending ends the call's pending count; with admit it first admits
+// the call's proxies, as one step for the planner (admitMu).
+func (r *Runtime) endPending(n int, admit func()) {
+	r.admitMu.Lock()
+	defer r.admitMu.Unlock()
+	if admit != nil {
+		admit()
+	}
+	r.mu.Lock()
+	r.pending -= n
+	r.mu.Unlock()
+}
+
+func (r *Runtime) fetch(ctx context.Context, g Grant) {
+	admitted := false
+	defer func() {
+		if !admitted {
+			r.endPending(g.Count, nil)
+		}
+	}()
 	start := time.Now()
 	now := r.o.Now()
-	res := r.call(ctx, count, now)
+	res := r.call(ctx, g.Count, now)
 	if ctx.Err() != nil && res.err != nil {
 		// Cancelled by stop or replacement: says nothing about the vendor
 		// and must not count as Error, let alone Empty.
-		r.o.Ledger.Settle(count, 0, false, r.o.Upstream.Fetch.EstimatedIPsPerCall)
+		r.gate.Settle(ctx, g, 0, false)
 		return
 	}
 	r.o.Metrics.duration.WithLabelValues(r.name).Observe(time.Since(start).Seconds())
@@ -429,15 +461,17 @@ func (r *Runtime) fetch(ctx context.Context, count int) {
 		r.o.Metrics.rejected.WithLabelValues(r.name).Add(float64(rejected))
 	}
 	res.candidates = nil // the vendor's answer is not kept beyond its use
-	est := r.o.Upstream.Fetch.EstimatedIPsPerCall
 	if failed {
-		r.o.Ledger.Settle(count, 0, res.certain, est)
+		r.gate.Settle(ctx, g, 0, res.certain)
 	} else {
-		r.o.Ledger.Settle(count, len(valid), true, est)
+		r.gate.Settle(ctx, g, len(valid), true)
 	}
 	if !failed && len(valid) > 0 {
 		var err error
-		admit, err = r.o.Store.Admit(ctx, r.name, valid, r.o.Upstream.Pool.MaxSize)
+		admitted = true
+		r.endPending(g.Count, func() {
+			admit, err = r.o.Store.Admit(ctx, r.name, valid, r.o.Upstream.Pool.MaxSize)
+		})
 		if err != nil {
 			// The vendor delivered; the store lost them. Back off like an
 			// error so a broken store is not hammered with fresh batches.

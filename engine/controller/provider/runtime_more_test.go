@@ -33,7 +33,7 @@ func TestParseFailureKeepsNoResponseText(t *testing.T) {
 	f := newFixture(t, upCfg(t, v.URL()), &quotingAdapter{}, func(o *RuntimeOptions) {
 		o.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	})
-	f.rt.fetch(context.Background(), 3)
+	f.rt.fetch(context.Background(), Grant{Count: 3})
 	st := f.rt.Status()
 	if st.LastOutcome != "error" || st.LastError != kindParse {
 		t.Fatalf("status = %+v, want a parse Error", st)
@@ -51,8 +51,8 @@ func TestDepletionRetriedUntilRecorded(t *testing.T) {
 	ctx := context.Background()
 	f.hooks.failDepleted.Store(true)
 	v.SetMode(testenv.VendorEmpty)
-	f.rt.fetch(ctx, 3)
-	f.rt.fetch(ctx, 3)
+	f.rt.fetch(ctx, Grant{Count: 3})
+	f.rt.fetch(ctx, Grant{Count: 3})
 	if f.hooks.attempts.Load() != 1 || !f.rt.Status().DepletionPending {
 		t.Fatalf("attempts %d, status %+v: the failed switch must stay pending", f.hooks.attempts.Load(), f.rt.Status())
 	}
@@ -74,15 +74,15 @@ func TestDepletionRetriedUntilRecorded(t *testing.T) {
 	// A pending depletion is dropped when the run of empties ends.
 	f.hooks.failDepleted.Store(true)
 	v.SetMode(testenv.VendorNormal)
-	f.rt.fetch(ctx, 3)
+	f.rt.fetch(ctx, Grant{Count: 3})
 	v.SetMode(testenv.VendorEmpty)
-	f.rt.fetch(ctx, 3)
-	f.rt.fetch(ctx, 3)
+	f.rt.fetch(ctx, Grant{Count: 3})
+	f.rt.fetch(ctx, Grant{Count: 3})
 	if !f.rt.Status().DepletionPending {
 		t.Fatal("second depletion not pending")
 	}
 	v.SetMode(testenv.VendorNormal)
-	f.rt.fetch(ctx, 3)
+	f.rt.fetch(ctx, Grant{Count: 3})
 	if f.rt.Status().DepletionPending {
 		t.Fatal("a success did not end the pending depletion")
 	}
@@ -102,13 +102,13 @@ func TestDedupeAcrossUpstreams(t *testing.T) {
 	}
 	a, b := mk("vendor-a"), mk("vendor-b")
 	ctx := context.Background()
-	a.fetch(ctx, 5)
+	a.fetch(ctx, Grant{Count: 5})
 	first, _ := pool.List(ctx, activitypool.Filter{})
 	if len(first) != 5 {
 		t.Fatalf("pool has %d", len(first))
 	}
 	now = now.Add(time.Minute)
-	b.fetch(ctx, 5) // the same five proxies from another vendor
+	b.fetch(ctx, Grant{Count: 5}) // the same five proxies from another vendor
 	if st := b.Status(); st.LastOutcome != "duplicate_only" || st.TotalFetched != 0 {
 		t.Fatalf("second source = %+v, want duplicate_only", st)
 	}
@@ -126,7 +126,7 @@ func TestDedupeAcrossUpstreams(t *testing.T) {
 	}
 	// After the first lifecycle's hard expiry the key may move.
 	now = first[0].ExpiresAt.Add(time.Second)
-	b.fetch(ctx, 5)
+	b.fetch(ctx, Grant{Count: 5})
 	moved, _ := pool.List(ctx, activitypool.Filter{Upstream: "vendor-b"})
 	if len(moved) != 5 || b.Status().LastOutcome != "success" {
 		t.Fatalf("after hard expiry vendor-b owns %d, outcome %s", len(moved), b.Status().LastOutcome)

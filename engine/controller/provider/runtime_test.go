@@ -130,7 +130,7 @@ func TestFetchSuccessConvertsCandidates(t *testing.T) {
 	v := startVendor(t, 10)
 	f := newFixture(t, upCfg(t, v.URL()), nil, nil)
 	before := time.Now()
-	f.rt.fetch(context.Background(), 3)
+	f.rt.fetch(context.Background(), Grant{Count: 3})
 	st := f.rt.Status()
 	if st.LastOutcome != "success" || st.Success != 1 || st.TotalFetched != 3 {
 		t.Fatalf("status = %+v", st)
@@ -193,14 +193,14 @@ func TestFetchOutcomeClasses(t *testing.T) {
 			ctx := context.Background()
 			// Seed the pool: the first batch is what duplicate-only repeats,
 			// and what a failing call must leave untouched.
-			f.rt.fetch(ctx, 3)
+			f.rt.fetch(ctx, Grant{Count: 3})
 			seeded := f.list(t)
 			if len(seeded) != 3 {
 				t.Fatalf("seed fetch admitted %d", len(seeded))
 			}
 			v.SetMode(tc.mode)
 			now := time.Now()
-			f.rt.fetch(ctx, tc.count)
+			f.rt.fetch(ctx, Grant{Count: tc.count})
 			st := f.rt.Status()
 			if st.LastOutcome != tc.wantOutcome.String() {
 				t.Fatalf("outcome = %s (%s), want %s", st.LastOutcome, st.LastError, tc.wantOutcome)
@@ -244,28 +244,28 @@ func TestEmptyThresholdFiresOnceAndDuplicateResets(t *testing.T) {
 	v := startVendor(t, 10)
 	f := newFixture(t, upCfg(t, v.URL()), nil, nil) // emptyThreshold 2
 	ctx := context.Background()
-	f.rt.fetch(ctx, 3)
+	f.rt.fetch(ctx, Grant{Count: 3})
 	v.SetMode(testenv.VendorEmpty)
-	f.rt.fetch(ctx, 3)
+	f.rt.fetch(ctx, Grant{Count: 3})
 	if f.hooks.depleted.Load() != 0 {
 		t.Fatal("depleted before the threshold")
 	}
 	v.SetMode(testenv.VendorDuplicateOnly)
-	f.rt.fetch(ctx, 3)
+	f.rt.fetch(ctx, Grant{Count: 3})
 	if st := f.rt.Status(); st.ConsecutiveEmpty != 0 || st.LastOutcome != "duplicate_only" {
 		t.Fatalf("duplicate-only must reset the empty run: %+v", st)
 	}
 	v.SetMode(testenv.VendorEmpty)
-	f.rt.fetch(ctx, 3)
+	f.rt.fetch(ctx, Grant{Count: 3})
 	v.SetMode(testenv.VendorError500)
-	f.rt.fetch(ctx, 3) // an error in between neither counts nor resets
+	f.rt.fetch(ctx, Grant{Count: 3}) // an error in between neither counts nor resets
 	v.SetMode(testenv.VendorEmpty)
-	f.rt.fetch(ctx, 3)
+	f.rt.fetch(ctx, Grant{Count: 3})
 	if got := f.hooks.depleted.Load(); got != 1 {
 		t.Fatalf("depleted fired %d times at the threshold, want 1", got)
 	}
-	f.rt.fetch(ctx, 3)
-	f.rt.fetch(ctx, 3)
+	f.rt.fetch(ctx, Grant{Count: 3})
+	f.rt.fetch(ctx, Grant{Count: 3})
 	if got := f.hooks.depleted.Load(); got != 1 {
 		t.Fatalf("depleted fired %d times past the threshold, want 1", got)
 	}
@@ -304,7 +304,7 @@ func TestLoopbackCandidatesRefusedWhenNotAllowed(t *testing.T) {
 		o.AllowLoopback = false
 		o.HTTPClient = &http.Client{Timeout: 5 * time.Second}
 	})
-	f.rt.fetch(context.Background(), 5)
+	f.rt.fetch(context.Background(), Grant{Count: 5})
 	if n := len(f.list(t)); n != 0 {
 		t.Fatalf("%d loopback candidates became proxies", n)
 	}
@@ -322,7 +322,7 @@ func TestVendorOnLoopbackRefusedByGuard(t *testing.T) {
 	up.Fetch.MaxTotal = 100
 	f := newFixture(t, up, nil, func(o *RuntimeOptions) { o.AllowLoopback = false })
 	f.rt.o.Ledger.Reserve(5)
-	f.rt.fetch(context.Background(), 5)
+	f.rt.fetch(context.Background(), Grant{Count: 5})
 	st := f.rt.Status()
 	if st.LastOutcome != "error" || !strings.Contains(st.LastError, "not allowed") {
 		t.Fatalf("status = %+v, want a refused destination", st)

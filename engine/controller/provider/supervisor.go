@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -48,6 +49,15 @@ type SupervisorOptions struct {
 	// HTTPClient, when set, is used by every runtime instead of the guarded
 	// client (tests only).
 	HTTPClient *http.Client
+	// Coordinator, when set (cluster storage), makes every runtime fetch
+	// only while it holds its upstream's leader lease, under permits and a
+	// maxTotal ledger shared by the fleet (NewCoordGate). nil: this
+	// process decides alone.
+	Coordinator Coordinator
+	// Holder names this process in leader leases; unique per incarnation.
+	Holder string
+	// LeaseTTL is the leader lease's TTL (0: DefaultLeaseTTL).
+	LeaseTTL time.Duration
 }
 
 // spec is what a runtime is built from; a change of it replaces the
@@ -97,6 +107,7 @@ type Supervisor struct {
 	specs     map[string]*spec
 	order     []string
 	ledgers   map[string]*Ledger
+	overruns  map[string]*atomic.Bool // cluster: see CoordOptions.Overrun
 	tallies   map[string]*Tally
 	overrides map[string]bool // admin overrides known so far
 	runs      map[string]*running
@@ -122,6 +133,7 @@ func NewSupervisor(o SupervisorOptions) *Supervisor {
 		metrics:   NewMetrics(o.Registry),
 		specs:     map[string]*spec{},
 		ledgers:   map[string]*Ledger{},
+		overruns:  map[string]*atomic.Bool{},
 		tallies:   map[string]*Tally{},
 		overrides: map[string]bool{},
 		runs:      map[string]*running{},
@@ -164,6 +176,7 @@ func (s *Supervisor) Update(cfg *config.Config, providers upstream.Provider) err
 	for name := range s.specs {
 		if specs[name] == nil {
 			delete(s.ledgers, name)
+			delete(s.overruns, name)
 			delete(s.tallies, name)
 			delete(s.overrides, name)
 			s.metrics.forget(name)
@@ -177,6 +190,9 @@ func (s *Supervisor) Update(cfg *config.Config, providers upstream.Provider) err
 		}
 		if s.tallies[name] == nil {
 			s.tallies[name] = &Tally{}
+		}
+		if s.overruns[name] == nil {
+			s.overruns[name] = &atomic.Bool{}
 		}
 	}
 	s.specs, s.order = specs, order
@@ -231,7 +247,6 @@ func (s *Supervisor) Signal(name string) {
 func (s *Supervisor) Status(name string) (Status, bool) {
 	s.mu.Lock()
 	r := s.runs[name]
-	l := s.ledgers[name]
 	tl := s.tallies[name]
 	s.mu.Unlock()
 	if r == nil {
@@ -239,15 +254,38 @@ func (s *Supervisor) Status(name string) (Status, bool) {
 		if tl != nil {
 			st = tl.snapshot()
 		}
-		if l != nil {
-			st.LedgerUsed = l.Used()
-			if l.Exhausted() {
-				st.Stopped = StoppedMaxTotal
-			}
+		if g := s.idleGate(name); g != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)
+			defer cancel()
+			st.applyGate(g.View(ctx))
+			st.Leader = false
 		}
 		return st, false
 	}
 	return r.rt.Status(), true
+}
+
+// idleGate is a gate for reading an upstream's ledger while it has no
+// runtime (nil for an unknown upstream). It never leads.
+func (s *Supervisor) idleGate(name string) Gate {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sp := s.specs[name]
+	if sp == nil {
+		return nil
+	}
+	return s.gateLocked(name, sp)
+}
+
+// gateLocked builds the gate of a new runtime of name.
+func (s *Supervisor) gateLocked(name string, sp *spec) Gate {
+	if s.o.Coordinator == nil {
+		return newLocalGate(sp.up.Fetch, s.ledgers[name])
+	}
+	return NewCoordGate(CoordOptions{
+		Coordinator: s.o.Coordinator, Upstream: name, Fetch: sp.up.Fetch, Holder: s.o.Holder,
+		LeaseTTL: s.o.LeaseTTL, Overrun: s.overruns[name], Metrics: s.metrics, Logger: s.o.Logger,
+	})
 }
 
 // Running lists the upstreams with a runtime, in configuration order.
@@ -356,7 +394,7 @@ func (s *Supervisor) reconcileLocked() {
 		sp := s.specs[name]
 		rt := NewRuntime(RuntimeOptions{
 			Upstream: sp.up, AllowLoopback: sp.allowLoopback, Adapter: sp.adapter,
-			Store: s.o.Store, Inventory: s.o.Inventory, Ledger: s.ledgers[name], Tally: s.tallies[name], Metrics: s.metrics,
+			Store: s.o.Store, Inventory: s.o.Inventory, Gate: s.gateLocked(name, sp), Tally: s.tallies[name], Metrics: s.metrics,
 			Depleted: s.o.Depleted, Admitted: s.o.Admitted, HTTPClient: s.o.HTTPClient,
 			Now: s.o.Now, Logger: s.o.Logger, Tick: s.o.Tick,
 		})

@@ -20,6 +20,16 @@ var ErrNotFound = errors.New("proxy not found")
 // ErrConflict is returned when a compare-and-set saw another state.
 var ErrConflict = errors.New("proxy state changed concurrently")
 
+// ErrUnavailable wraps failures to reach the store (Redis down or not
+// answering in time): fetching, extraction and ownership changes stop and
+// the API answers 503 until it answers again (seed 000 §18).
+var ErrUnavailable = errors.New("activity pool store unavailable")
+
+// ErrStateLost is returned by an operation that found the store had lost
+// its state (a Redis restart without persistence): the operation changed
+// nothing and a retry runs against the new, empty state.
+var ErrStateLost = errors.New("activity pool store lost its state")
+
 // AdmitResult reports what Admit did with a batch.
 type AdmitResult struct {
 	Added      []proxy.ID
@@ -73,4 +83,31 @@ type Pool interface {
 	SetOwner(ctx context.Context, ids []proxy.ID, owner string) error
 	// Counts returns the number of proxies per state, all upstreams.
 	Counts(ctx context.Context) (map[proxy.State]int, error)
+}
+
+// Changes is what changed in a store since a version (ChangeFeed).
+type Changes struct {
+	// Version is the store's version this answer is current to; pass it
+	// as since next time.
+	Version uint64
+	// Reset: the store cannot tell what changed since that version (too
+	// old, or not one of its versions). Changed and Gone are empty; the
+	// caller re-reads everything it mirrors with List, after this call,
+	// and continues from Version.
+	Reset bool
+	// Changed holds a copy of every proxy changed since that version that
+	// is now in one of the requested states (any state when none is),
+	// sorted by ID.
+	Changed []proxy.Proxy
+	// Gone lists every other proxy changed since that version: deleted,
+	// or now in a state not requested.
+	Gone []proxy.ID
+}
+
+// ChangeFeed is implemented by a Pool that can tell which proxies changed
+// since a version, so a caller mirroring part of the pool (the snapshot
+// publisher) pays for what changed instead of listing everything. It is
+// optional: callers fall back to List.
+type ChangeFeed interface {
+	Changes(ctx context.Context, since uint64, states []proxy.State) (Changes, error)
 }

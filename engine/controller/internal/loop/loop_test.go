@@ -31,22 +31,27 @@ func TestRun(t *testing.T) {
 			if tc.useWake {
 				w = wake
 			}
+			// Two failures, a success, then the shutdown.
 			n := 0
 			done := make(chan struct{})
 			go func() {
 				defer close(done)
 				Run(ctx, tc.every, w, log, "test step", func(ctx context.Context) error {
 					n++
-					if n == 3 {
+					switch n {
+					case 4:
 						cancel()
 						return ctx.Err() // shutdown: not logged
+					case 3:
+						calls <- struct{}{}
+						return nil
 					}
 					calls <- struct{}{}
 					return errors.New("boom")
 				})
 			}()
 			deadline := time.After(10 * time.Second)
-			for range 2 {
+			for range 3 {
 				select {
 				case <-calls:
 				case <-deadline:
@@ -64,11 +69,15 @@ func TestRun(t *testing.T) {
 			case <-deadline:
 				t.Fatal("Run did not return after ctx ended")
 			}
-			if n != 3 {
-				t.Fatalf("step ran %d times after cancel, want exactly 3 in all", n)
+			if n != 4 {
+				t.Fatalf("step ran %d times after cancel, want exactly 4 in all", n)
 			}
-			if got := strings.Count(logs.String(), "boom"); got != 2 {
-				t.Fatalf("%d errors logged, want 2 (the shutdown one is not):\n%s", got, logs.String())
+			// The run of failures is a warning when it starts (the second
+			// is debug), and its end is told once.
+			out := logs.String()
+			if strings.Count(out, "boom") != 1 || strings.Count(out, "level=WARN") != 1 ||
+				!strings.Contains(out, `msg="test step: recovered" failures=2`) {
+				t.Fatalf("want one warning and one recovery:\n%s", out)
 			}
 		})
 	}
