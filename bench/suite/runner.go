@@ -19,7 +19,8 @@ import (
 
 // Options configure a suite run.
 type Options struct {
-	// Suite is quick (CI, under a minute), full or peers.
+	// Suite is quick (CI, under a minute), full, tunnels (the full suite's
+	// tunnels scenario alone) or peers.
 	Suite string
 	// Dir receives configs, process logs, results and profiles.
 	Dir string
@@ -90,10 +91,12 @@ func Run(ctx context.Context, o Options) error {
 		err = r.runScenarios(ctx, quickParams)
 	case "full":
 		err = r.runScenarios(ctx, fullParams)
+	case "tunnels":
+		err = r.runTunnels(ctx, fullParams)
 	case "peers":
 		err = r.runPeers(ctx, peersParams)
 	default:
-		err = fmt.Errorf("unknown suite %q: want quick, full or peers", o.Suite)
+		err = fmt.Errorf("unknown suite %q: want quick, full, tunnels or peers", o.Suite)
 	}
 	if werr := r.writeReport(); err == nil {
 		err = werr

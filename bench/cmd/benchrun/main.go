@@ -1,5 +1,6 @@
 // Command benchrun runs a benchmark suite of bench/suite: quick (CI, under
-// a minute), full (`make bench`) or peers (`make bench-peers`). It prints
+// a minute), full (`make bench`), tunnels (the full suite's 10,000 held
+// tunnels alone) or peers (`make bench-peers`). It prints
 // one line per figure on stdout, progress on stderr, and writes the report
 // to -dir/<suite>.json. Wiring only.
 package main
@@ -17,7 +18,7 @@ import (
 
 func main() {
 	var o suite.Options
-	flag.StringVar(&o.Suite, "suite", "quick", "quick | full | peers")
+	flag.StringVar(&o.Suite, "suite", "quick", "quick | full | tunnels | peers")
 	flag.StringVar(&o.Dir, "dir", ".run/bench", "configs, logs, reports and profiles go here")
 	flag.StringVar(&o.Proxypool, "proxypool", "bin/proxypool", "the appliance under test")
 	flag.StringVar(&o.Loadgen, "loadgen", "bin/proxy-loadgen", "the load generator")

@@ -21,6 +21,7 @@ import (
 	"github.com/proxypool/proxypool/engine/domain/routing"
 	"github.com/proxypool/proxypool/engine/domain/worker"
 	"github.com/proxypool/proxypool/engine/gateway/dispatch"
+	"github.com/proxypool/proxypool/engine/gateway/relay"
 	"github.com/proxypool/proxypool/engine/gateway/snapshot"
 	"github.com/proxypool/proxypool/engine/gateway/transport"
 	"github.com/proxypool/proxypool/engine/netguard"
@@ -628,31 +629,13 @@ func (h *Handler) tunnel(hj http.Hijacker, tun *transport.Tunnel, release func(w
 	return resultOK
 }
 
-// pipe copies both ways between two raw connections. Both are normally
-// *net.TCPConn, so io.Copy splices. A clean end of one direction is passed
-// on as a half-close; an error in either tears both down.
+// pipe copies both ways between two raw connections (normally
+// *net.TCPConn, which relay splices holding no pipe while idle). A clean
+// end of one direction is passed on as a half-close; an error in either
+// tears both down.
 func pipe(client, upstream io.ReadWriteCloser) (up, down int64) {
-	upDone := make(chan int64, 1)
-	go func() {
-		n, err := io.Copy(upstream, client)
-		finish(err, upstream, client)
-		upDone <- n
-	}()
-	down, err := io.Copy(client, upstream)
-	finish(err, client, upstream)
-	return <-upDone, down
-}
-
-// finish ends one direction: half-close dst after a clean EOF, or close
-// both after an error so the other direction cannot hang.
-func finish(err error, dst, src io.Closer) {
-	if err == nil {
-		if cw, ok := dst.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
-			return
-		}
-	}
-	_ = dst.Close()
-	_ = src.Close()
+	up, down, _ = relay.Copy(client, upstream)
+	return up, down
 }
 
 type tunnelConns struct {
