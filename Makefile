@@ -48,9 +48,16 @@ bench: bench-tools bench-pprof
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 ./engine/...
 	$(BIN)/benchrun -suite full -pprof-proxypool $(BIN)/proxypool-pprof
 
-# Short fuzzing pass over every parser.
+# Short fuzzing pass over every parser: each Fuzz* target in the tree for
+# FUZZTIME (go test fuzzes one target per run).
+FUZZTIME ?= 10s
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzParse -fuzztime 20s ./engine/config/
+	@grep -rl --include='*_test.go' '^func Fuzz' . | sort | while read -r f; do \
+	  for t in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' "$$f"); do \
+	    echo "fuzz $$t ($$(dirname $$f))"; \
+	    $(GO) test -run '^$$' -fuzz "^$$t\$$" -fuzztime $(FUZZTIME) "./$$(dirname $$f)/" || exit 1; \
+	  done; \
+	done
 
 # WASM provider plugins: plugins/src/NAME/ -> plugins/NAME.wasm
 plugins:

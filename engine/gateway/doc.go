@@ -1,10 +1,11 @@
 // Package gateway assembles the data plane worker (seed 000 §3.1, §7;
 // SPEC §7): snapshot (compiled routing view and runtime counters), dispatch
 // (Acquire/Commit/Release), transport (upstream proxies) and ingress (the
-// client-facing handler). A Gateway implements worker.Applier and
-// worker.RuntimeReader, serves listeners with a graceful drain, reloads its
-// limits and auth atomically, and reports allocation outcomes in bounded
-// batches.
+// client-facing HTTP/1.1 server), which share internal/h1; net/http is not
+// on the data path (docs/gateway.md, "The forwarding path"). A Gateway
+// implements worker.Applier and worker.RuntimeReader, serves listeners
+// with a graceful drain, reloads its limits and auth atomically, and
+// reports allocation outcomes in bounded batches.
 //
 // It also keeps, per routing name and across snapshots, what the gateway's
 // own config adds to a rule: the sticky-session cache (sticky), the

@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/netip"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -83,6 +83,9 @@ type Gateway struct {
 	sessions map[string]*sticky.Cache
 	gates    map[string]*snapshot.Gate
 
+	// sticky holds the session header names of the snapshot in force.
+	sticky atomic.Pointer[[]string]
+
 	cfgMu     sync.Mutex
 	cfg       atomic.Pointer[config.Config]
 	tOpts     transport.Options
@@ -156,6 +159,7 @@ func New(opts Options) (*Gateway, error) {
 	g.fwd.p.Store(transport.New(g.tOpts))
 	g.handler, err = ingress.NewHandler(ingress.Options{
 		Dispatcher: g.disp, Forwarder: &g.fwd, Policy: policy, Logger: g.log, Registerer: reg,
+		StickyHeaders: g.stickyHeaders,
 	})
 	if err != nil {
 		g.Close()
@@ -190,6 +194,7 @@ func (g *Gateway) Apply(ctx context.Context, s *worker.Snapshot) error {
 	if err != nil {
 		return fmt.Errorf("applying snapshot %d: %w", s.Version, err)
 	}
+	g.sticky.Store(stickyHeaders(built))
 	g.snaps.Store(built)
 	// Parked requests (onUnavailable wait) look at the new snapshot.
 	g.disp.Wake()
@@ -252,12 +257,27 @@ func (g *Gateway) ruleSettings(cfg *config.Config, r *routing.Rule) snapshot.Rul
 	return set
 }
 
+// stickyHeaders lists the distinct session header names of s's sticky
+// rules: the only request headers Acquire is given.
+func stickyHeaders(s *snapshot.Snapshot) *[]string {
+	var names []string
+	for i := range s.Rules() {
+		if h := s.Rules()[i].StickyHeader; h != "" && !slices.Contains(names, h) {
+			names = append(names, h)
+		}
+	}
+	return &names
+}
+
+func (g *Gateway) stickyHeaders() []string {
+	if p := g.sticky.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
 // Runtime reports the sparse runtime counts (worker.RuntimeReader).
 func (g *Gateway) Runtime() []worker.Runtime { return g.reg.Runtime() }
-
-// Handler is the client-facing handler, for callers that run their own
-// server; Serve uses it too.
-func (g *Gateway) Handler() http.Handler { return g.handler }
 
 // Snapshot returns the compiled snapshot in use (nil before the first).
 func (g *Gateway) Snapshot() *snapshot.Snapshot { return g.snaps.Load() }
@@ -289,17 +309,11 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 		delete(g.listeners, lln)
 		g.cfgMu.Unlock()
 	}()
-	srv := &http.Server{
-		Handler:                      g.handler,
-		MaxHeaderBytes:               l.MaxHeaderBytes,
-		ReadHeaderTimeout:            l.ReadHeaderTimeout,
-		IdleTimeout:                  l.IdleTimeout,
-		ConnContext:                  ingress.ConnContext,
-		DisableGeneralOptionsHandler: true,
-		ErrorLog:                     slog.NewLogLogger(g.log.Handler(), slog.LevelDebug),
-	}
+	srv := ingress.NewServer(g.handler, lln, ingress.ServerConfig{
+		MaxHeaderBytes: l.MaxHeaderBytes, ReadHeaderTimeout: l.ReadHeaderTimeout, IdleTimeout: l.IdleTimeout,
+	})
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(lln) }()
+	go func() { errc <- srv.Serve() }()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serving gateway on %s: %w", ln.Addr(), err)
@@ -311,14 +325,9 @@ func (g *Gateway) Serve(ctx context.Context, ln net.Listener) error {
 	}
 	dctx, cancel := context.WithTimeout(context.Background(), drain)
 	defer cancel()
-	err = srv.Shutdown(dctx)
-	if err == nil {
-		err = g.handler.WaitTunnels(dctx)
-	}
-	if err != nil {
-		_ = srv.Close()
-		n := g.handler.CloseTunnels()
-		g.log.Warn("drain deadline passed, closed remaining connections", "tunnels", n, "drain", drain)
+	if err := srv.Shutdown(dctx); err != nil {
+		n := srv.Close()
+		g.log.Warn("drain deadline passed, closed remaining connections", "connections", n, "drain", drain)
 	}
 	<-errc
 	return nil
@@ -364,7 +373,7 @@ func (g *Gateway) UpdateConfig(cfg *config.Config) error {
 	if to := transport.OptionsFrom(cfg.Gateway.Limits); to != g.tOpts {
 		g.tOpts = to
 		old := g.fwd.p.Swap(transport.New(to))
-		old.CloseIdleConnections()
+		old.Close()
 	}
 	for l := range g.listeners {
 		l.SetMax(cfg.Gateway.Limits.MaxConns)
@@ -382,7 +391,7 @@ func (g *Gateway) Close() {
 			g.outq.close()
 		}
 		if t := g.fwd.p.Load(); t != nil {
-			t.CloseIdleConnections()
+			t.Close()
 		}
 	})
 }
@@ -393,16 +402,16 @@ type swapForwarder struct {
 	p atomic.Pointer[transport.Transport]
 }
 
-func (s *swapForwarder) RoundTrip(req *http.Request, t *snapshot.Target) (*http.Response, error) {
-	return s.p.Load().RoundTrip(req, t)
+func (s *swapForwarder) RoundTrip(ctx context.Context, req *transport.Request, t *snapshot.Target, resp *transport.Response) error {
+	return s.p.Load().RoundTrip(ctx, req, t, resp)
 }
 
 func (s *swapForwarder) Connect(ctx context.Context, t *snapshot.Target, authority string) (*transport.Tunnel, error) {
 	return s.p.Load().Connect(ctx, t, authority)
 }
 
-func (s *swapForwarder) DirectRoundTrip(req *http.Request, addrs []netip.AddrPort) (*http.Response, error) {
-	return s.p.Load().DirectRoundTrip(req, addrs)
+func (s *swapForwarder) DirectRoundTrip(ctx context.Context, req *transport.Request, addrs []netip.AddrPort, resp *transport.Response) error {
+	return s.p.Load().DirectRoundTrip(ctx, req, addrs, resp)
 }
 
 func (s *swapForwarder) DirectConnect(ctx context.Context, addrs []netip.AddrPort) (net.Conn, error) {

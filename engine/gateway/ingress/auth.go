@@ -2,11 +2,11 @@ package ingress
 
 import (
 	"encoding/base64"
-	"net/http"
 	"net/netip"
 	"strings"
 
 	"github.com/proxypool/proxypool/engine/adapters/http/auth"
+	"github.com/proxypool/proxypool/engine/gateway/internal/h1"
 )
 
 // APIKeyHeader carries an API key for auth modes apiKey and any. It is the
@@ -42,21 +42,23 @@ type Client struct {
 //     username "USER-session-ID" authenticates as USER with session ID;
 //   - Proxy-Authorization: Bearer TOKEN — a bearer token;
 //   - X-Proxypool-Api-Key: KEY — an API key.
-func credentials(r *http.Request, ip netip.Addr) (auth.Credentials, string) {
+func credentials(r *h1.Request, ip netip.Addr) (auth.Credentials, string) {
 	c := auth.Credentials{RemoteIP: ip}
 	var session string
-	h := r.Header.Get("Proxy-Authorization")
-	if user, pass, ok := ParseBasic(h); ok {
-		if i := strings.LastIndex(user, SessionMarker); i > 0 && i+len(SessionMarker) < len(user) {
-			user, session = user[:i], user[i+len(SessionMarker):]
+	if v, ok := r.Get("Proxy-Authorization"); ok && len(v) <= maxBasicLen {
+		h := string(v)
+		if user, pass, ok := ParseBasic(h); ok {
+			if i := strings.LastIndex(user, SessionMarker); i > 0 && i+len(SessionMarker) < len(user) {
+				user, session = user[:i], user[i+len(SessionMarker):]
+			}
+			c.Username, c.Password, c.HasBasic = user, pass, true
+			c.APIKey, c.Bearer = pass, pass
+		} else if tok, ok := parseBearer(h); ok {
+			c.Bearer = tok
 		}
-		c.Username, c.Password, c.HasBasic = user, pass, true
-		c.APIKey, c.Bearer = pass, pass
-	} else if tok, ok := parseBearer(h); ok {
-		c.Bearer = tok
 	}
-	if k := r.Header.Get(APIKeyHeader); k != "" {
-		c.APIKey = k
+	if k, ok := r.Get(APIKeyHeader); ok && len(k) > 0 {
+		c.APIKey = string(k)
 	}
 	return c, session
 }

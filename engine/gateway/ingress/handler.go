@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/netip"
 	"strings"
 	"sync"
@@ -21,6 +20,7 @@ import (
 	"github.com/proxypool/proxypool/engine/domain/routing"
 	"github.com/proxypool/proxypool/engine/domain/worker"
 	"github.com/proxypool/proxypool/engine/gateway/dispatch"
+	"github.com/proxypool/proxypool/engine/gateway/internal/h1"
 	"github.com/proxypool/proxypool/engine/gateway/relay"
 	"github.com/proxypool/proxypool/engine/gateway/snapshot"
 	"github.com/proxypool/proxypool/engine/gateway/transport"
@@ -45,11 +45,11 @@ type Dispatcher interface {
 }
 
 // Forwarder carries requests and tunnels through an upstream proxy, or
-// directly to checked destination addresses.
+// directly to checked destination addresses (see transport.Transport).
 type Forwarder interface {
-	RoundTrip(req *http.Request, target *snapshot.Target) (*http.Response, error)
+	RoundTrip(ctx context.Context, req *transport.Request, target *snapshot.Target, resp *transport.Response) error
 	Connect(ctx context.Context, target *snapshot.Target, authority string) (*transport.Tunnel, error)
-	DirectRoundTrip(req *http.Request, addrs []netip.AddrPort) (*http.Response, error)
+	DirectRoundTrip(ctx context.Context, req *transport.Request, addrs []netip.AddrPort, resp *transport.Response) error
 	DirectConnect(ctx context.Context, addrs []netip.AddrPort) (net.Conn, error)
 }
 
@@ -110,17 +110,21 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Now is the clock for rate limits; nil means time.Now.
 	Now func() time.Time
+	// StickyHeaders returns the canonical session header names of the
+	// sticky rules in force (nil: none): only those are handed to Acquire.
+	StickyHeaders func() []string
 }
 
-// Handler is the gateway's http.Handler.
+// Handler serves proxy requests and CONNECT on the connections of a
+// Server.
 type Handler struct {
-	d       Dispatcher
-	f       Forwarder
-	policy  atomic.Pointer[Policy]
-	log     *slog.Logger
-	now     func() time.Time
-	m       *metrics
-	tunnels tunnelSet
+	d      Dispatcher
+	f      Forwarder
+	policy atomic.Pointer[Policy]
+	log    *slog.Logger
+	now    func() time.Time
+	m      *metrics
+	sticky func() []string
 
 	selfMu sync.Mutex
 	self   []netip.AddrPort
@@ -132,15 +136,17 @@ func NewHandler(o Options) (*Handler, error) {
 	if o.Dispatcher == nil || o.Forwarder == nil || o.Policy == nil {
 		return nil, errors.New("building gateway handler: dispatcher, forwarder and policy are required")
 	}
-	h := &Handler{d: o.Dispatcher, f: o.Forwarder, log: o.Logger, now: o.Now, m: newMetrics(o.Registerer)}
+	h := &Handler{d: o.Dispatcher, f: o.Forwarder, log: o.Logger, now: o.Now, m: newMetrics(o.Registerer), sticky: o.StickyHeaders}
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
 	}
 	if h.now == nil {
 		h.now = time.Now
 	}
+	if h.sticky == nil {
+		h.sticky = func() []string { return nil }
+	}
 	h.policy.Store(o.Policy)
-	h.tunnels.init()
 	return h, nil
 }
 
@@ -172,82 +178,112 @@ func (h *Handler) Closed() { h.m.connsActive.Dec() }
 // Refused implements ListenerEvents.
 func (h *Handler) Refused(reason string) { h.m.rejections[reason].Inc() }
 
-// ServeHTTP serves one proxy request or CONNECT.
-func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// serve answers one request read by c; false ends the connection.
+func (h *Handler) serve(c *conn) bool {
 	start := time.Now()
-	class := classOf(r.Method)
-	res, abort := h.serve(w, r)
+	class := classOf(c.method)
+	res, keep := h.serveRequest(c)
 	h.m.requests[class][res].Inc()
 	h.m.duration[class].Observe(time.Since(start).Seconds())
-	if abort {
-		// The response is already under way and its body broke: the
-		// client must see a broken response, not a short one.
-		panic(http.ErrAbortHandler)
-	}
+	return keep
 }
 
-func (h *Handler) serve(w http.ResponseWriter, r *http.Request) (result, bool) {
-	if lc, ok := r.Context().Value(connKey{}).(*limitConn); ok && lc.fr.nextRequest() {
-		w.Header().Set("Connection", "close")
-		return h.reject(w, http.StatusBadRequest, ReasonBadFraming), false
+// serveRequest makes the checks of the request path in order, then
+// forwards or tunnels.
+func (h *Handler) serveRequest(c *conn) (result, bool) {
+	p, r := c.p, &c.req
+	ip := auth.Normalize(c.peer)
+	if len(p.Trusted) > 0 {
+		ip = auth.ClientIP(c.peer, forwardedFor(r), p.Trusted)
 	}
-	p := h.policy.Load()
-	var peer netip.Addr
-	if ap, err := netip.ParseAddrPort(r.RemoteAddr); err == nil {
-		peer = ap.Addr()
-	}
-	ip := auth.ClientIP(peer, r.Header["X-Forwarded-For"], p.Trusted)
 	if len(p.Allow) > 0 && !auth.Contains(p.Allow, ip) {
-		return h.reject(w, http.StatusForbidden, ReasonAccessDenied), false
+		return h.reject(c, 403, ReasonAccessDenied)
 	}
-	if len(r.Header) > p.MaxHeaderCount {
-		return h.reject(w, http.StatusRequestHeaderFieldsTooLarge, ReasonTooManyHeaders), false
+	if r.Count > p.MaxHeaderCount {
+		return h.reject(c, 431, ReasonTooManyHeaders)
 	}
 	creds, session := credentials(r, ip)
 	who, ok := p.Auth.Authenticate(creds)
 	if !ok {
 		if len(p.Auth.Schemes()) == 0 {
 			// No credential could help (ipWhitelist).
-			return h.reject(w, http.StatusForbidden, ReasonAccessDenied), false
+			return h.reject(c, 403, ReasonAccessDenied)
 		}
-		w.Header().Set("Proxy-Authenticate", p.challenge)
-		return h.reject(w, http.StatusProxyAuthRequired, ReasonAuthRequired), false
+		return h.rejectWith(c, 407, ReasonAuthRequired, "Proxy-Authenticate", p.challenge)
 	}
-	c := Client{IP: ip, Name: who.Name, Anonymous: who.Method == auth.ModeNone, Session: session}
-	key := rateKey{name: c.Name}
-	if c.Anonymous {
+	cl := Client{IP: ip, Name: who.Name, Anonymous: who.Method == auth.ModeNone, Session: session}
+	key := rateKey{name: cl.Name}
+	if cl.Anonymous {
 		key = rateKey{ip: ip}
 	}
 	if !p.rates.allow(key, h.now()) {
-		return h.reject(w, http.StatusTooManyRequests, ReasonRateLimited), false
+		return h.reject(c, 429, ReasonRateLimited)
 	}
-	if r.Method == http.MethodConnect {
-		return h.serveConnect(w, r, p, &c), false
+	if c.method == "CONNECT" {
+		return h.serveConnect(c, p, &cl), false
 	}
-	return h.serveForward(w, r, p, &c)
+	return h.serveForward(c, p, &cl)
+}
+
+// forwardedFor returns the X-Forwarded-For lines (allocated only when
+// the client sent some and a trusted peer could make them count).
+func forwardedFor(r *h1.Request) []string {
+	var xff []string
+	for i := range r.Fields {
+		if f := &r.Fields[i]; h1.EqualFold(f.Name, "x-forwarded-for") {
+			xff = append(xff, string(f.Value))
+		}
+	}
+	return xff
+}
+
+// stickyHeader returns the header map Acquire reads sessions from: only
+// the sticky rules' session headers the client sent, nil when none.
+func (h *Handler) stickyHeader(r *h1.Request) map[string][]string {
+	var m map[string][]string
+	for _, name := range h.sticky() {
+		if v, ok := r.Get(name); ok {
+			if m == nil {
+				m = make(map[string][]string, 1)
+			}
+			m[name] = []string{string(v)}
+		}
+	}
+	return m
 }
 
 // reject answers with a gateway-made error and counts the reason.
-func (h *Handler) reject(w http.ResponseWriter, status int, reason string) result {
-	h.m.rejections[reason].Inc()
-	writeError(w, status, reason)
-	if status == http.StatusBadRequest {
-		return resultBadRequest
-	}
-	return resultRejected
+func (h *Handler) reject(c *conn, status int, reason string) (result, bool) {
+	return h.rejectWith(c, status, reason, "", "")
 }
 
-func writeError(w http.ResponseWriter, status int, reason string) {
-	hdr := w.Header()
-	hdr.Set(ReasonHeader, reason)
-	hdr.Set("Content-Type", "text/plain; charset=utf-8")
-	hdr.Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	_, _ = io.WriteString(w, "proxypool: "+reason+"\n")
+func (h *Handler) rejectWith(c *conn, status int, reason, name, value string) (result, bool) {
+	h.m.rejections[reason].Inc()
+	keep := c.keepAlive() && status != 400
+	keep = c.writeError(status, reason, keep, name, value) && keep
+	if status == 400 {
+		return resultBadRequest, keep
+	}
+	return resultRejected, keep
+}
+
+// refuseHead answers a request head that could not be parsed; the
+// connection closes after it.
+func (h *Handler) refuseHead(c *conn, he *h1.Error) {
+	reason := ReasonBadRequest
+	switch {
+	case he.Kind == h1.KindFraming:
+		reason = ReasonBadFraming
+	case he.Kind == h1.KindTooLarge:
+		reason = ReasonHeadersTooLarge
+	}
+	h.m.rejections[reason].Inc()
+	h.m.requests[classOther][resultBadRequest].Inc()
+	c.writeError(he.Status, reason, false, "", "")
 }
 
 // refuse answers a dispatch refusal: 503 with the reason.
-func (h *Handler) refuse(w http.ResponseWriter, err error) result {
+func (h *Handler) refuse(c *conn, err error) (result, bool) {
 	reason := ReasonNoProxy
 	var nc *dispatch.NoCandidateError
 	switch {
@@ -258,7 +294,7 @@ func (h *Handler) refuse(w http.ResponseWriter, err error) result {
 	case errors.As(err, &nc) && nc.Reason == dispatch.ReasonRoutingLimit:
 		reason = ReasonRoutingLimit
 	}
-	return h.reject(w, http.StatusServiceUnavailable, reason)
+	return h.reject(c, 503, reason)
 }
 
 // goDirect reports whether a refused Acquire should fall back to dialling
@@ -269,90 +305,120 @@ func goDirect(a dispatch.Allocation, err error) bool {
 }
 
 // upstreamFailed answers 502 after the last attempt failed.
-func (h *Handler) upstreamFailed(w http.ResponseWriter, prefix string, err error) result {
+func (h *Handler) upstreamFailed(c *conn, prefix string, err error) (result, bool) {
 	reason := prefix + strings.ReplaceAll(transport.PhaseOf(err).String(), "_", "-")
-	writeError(w, http.StatusBadGateway, reason)
-	return resultUpstreamError
+	keep := c.keepAlive()
+	keep = c.writeError(502, reason, keep, "", "") && keep
+	return resultUpstreamError, keep
 }
 
 // checkDestination applies the destination guard; false means answered.
 // On success it returns the checked addresses (for a direct dial).
-func (h *Handler) checkDestination(ctx context.Context, w http.ResponseWriter, p *Policy, host string, port uint16) ([]netip.AddrPort, result, bool) {
+func (h *Handler) checkDestination(ctx context.Context, c *conn, p *Policy, host string, port uint16) ([]netip.AddrPort, result, bool) {
 	addrs, err := p.Guard.Resolve(ctx, host, port)
 	switch {
 	case err == nil:
 		return addrs, resultOK, true
 	case netguard.IsDenied(err):
 		h.log.Debug("destination denied", "err", err)
-		return nil, h.reject(w, http.StatusForbidden, ReasonDeniedDestination), false
+		res, _ := h.reject(c, 403, ReasonDeniedDestination)
+		return nil, res, false
 	case ctx.Err() != nil:
 		return nil, resultCanceled, false
 	}
 	h.log.Debug("destination check failed", "err", err)
-	writeError(w, http.StatusBadGateway, "destination-unresolved")
+	c.writeError(502, "destination-unresolved", c.keepAlive(), "", "")
 	return nil, resultUpstreamError, false
 }
 
-func retryable(r *http.Request) bool {
-	return (r.Method == http.MethodGet || r.Method == http.MethodHead) && r.Body == http.NoBody
-}
-
-// serveForward forwards an absolute-form request. The bool asks ServeHTTP
-// to abort the response.
-func (h *Handler) serveForward(w http.ResponseWriter, r *http.Request, p *Policy, c *Client) (result, bool) {
-	host, port, err := forwardTarget(r)
+// serveForward forwards an absolute-form request; false ends the
+// connection.
+func (h *Handler) serveForward(c *conn, p *Policy, cl *Client) (result, bool) {
+	host, port, uri, err := forwardTarget(c.req.Target)
 	if err != nil {
-		return h.reject(w, http.StatusBadRequest, ReasonBadTarget), false
+		return h.reject(c, 400, ReasonBadTarget)
 	}
-	ctx := r.Context()
-	addrs, res, ok := h.checkDestination(ctx, w, p, host, port)
+	ctx := c.srv.ctx
+	addrs, res, ok := h.checkDestination(ctx, c, p, host, port)
 	if !ok {
-		return res, false
+		return res, res != resultCanceled && c.keepAlive()
 	}
-	out := h.outbound(r, host, port)
+	c.auth = appendAuthority(c.auth[:0], host, port)
+	hasBody := !c.body.Done()
 	attempts := 1
-	if retryable(r) {
+	if (c.method == "GET" || c.method == "HEAD") && !hasBody {
 		attempts = MaxAttempts
 	}
-	req := dispatch.Request{Host: host, Port: port, Client: c.Name, Header: r.Header, UserSession: c.Session}
+	c.treq = transport.Request{
+		Method: c.method, Authority: c.auth, URI: uri, Decode: c.req.Minor == 0,
+		Idempotent: !hasBody && (c.method == "GET" || c.method == "HEAD" || c.method == "OPTIONS" || c.method == "TRACE"),
+	}
+	if hasBody {
+		c.treq.Body = &c.body
+		if c.req.ExpectContinue {
+			if c.cont == nil {
+				c.cont = c.sendContinue
+			}
+			c.treq.Continue = c.cont
+		}
+	}
+	// Kept in c: handed to an interface, it would escape per request.
+	req := &c.dreq
+	*req = dispatch.Request{Host: host, Port: port, Client: cl.Name, Header: h.stickyHeader(&c.req), UserSession: cl.Session}
 	var lastErr error
 	for try := 0; ; try++ {
-		a, err := h.d.Acquire(ctx, &req)
+		a, err := h.d.Acquire(ctx, req)
 		if err != nil {
 			switch {
 			case lastErr != nil:
-				return h.upstreamFailed(w, "upstream-", lastErr), false
+				return h.upstreamFailed(c, "upstream-", lastErr)
 			case goDirect(a, err):
-				if a.Rule.StickyHeader != "" {
-					delete(out.Header, a.Rule.StickyHeader)
-				}
-				return h.forwardDirect(w, r, out, addrs)
+				return h.forwardDirect(c, a.Rule.StickyHeader, addrs)
 			}
-			return h.refuse(w, err), false
+			return h.refuse(c, err)
 		}
-		if a.Rule.StickyHeader != "" {
-			delete(out.Header, a.Rule.StickyHeader)
-		}
+		c.out = appendOutbound(c.out[:0], &c.req, c.auth, a.Rule.StickyHeader)
+		c.treq.Header = c.out
 		start := time.Now()
-		resp, err := h.f.RoundTrip(out, a.Target)
+		err = h.f.RoundTrip(ctx, &c.treq, a.Target, &c.resp)
+		h.m.bytesUp.Add(float64(c.body.N))
+		c.body.N = 0
 		if err != nil {
+			var be *transport.BodyError
+			if errors.As(err, &be) {
+				h.d.Release(a, worker.Outcome{})
+				return h.clientBodyFailed(c, be)
+			}
 			lastErr = err
-			switch h.failedAttempt(ctx, a, &req, err, try, min(attempts, a.Rule.MaxAttempts)) {
+			switch h.failedAttempt(ctx, a, req, err, try, min(attempts, a.Rule.MaxAttempts)) {
 			case attemptCanceled:
 				return resultCanceled, false
 			case attemptRetry:
 				continue
 			}
-			return h.upstreamFailed(w, "upstream-", err), false
+			return h.upstreamFailed(c, "upstream-", err)
 		}
 		h.m.upstreamConnect.Observe(time.Since(start).Seconds())
-		if !h.commit(w, a, resp.Body) {
+		if !h.commit(c, a) {
+			c.resp.Close()
 			return resultUpstreamError, false
 		}
-		res, outcome, abort := h.stream(w, r, resp)
+		res, outcome, keep := h.stream(c)
 		h.settle(a, outcome)
-		return res, abort
+		return res, keep
 	}
+}
+
+// clientBodyFailed ends a request whose body the client broke or never
+// finished: a malformed chunked body is refused as bad framing.
+func (h *Handler) clientBodyFailed(c *conn, be *transport.BodyError) (result, bool) {
+	h.log.Debug("client request body failed", "err", be.Err)
+	if errors.Is(be.Err, h1.ErrBadChunk) {
+		h.m.rejections[ReasonBadFraming].Inc()
+		c.writeError(400, ReasonBadFraming, false, "", "")
+		return resultBadRequest, false
+	}
+	return resultCanceled, false
 }
 
 type attemptEnd uint8
@@ -387,15 +453,14 @@ func (h *Handler) failedAttempt(ctx context.Context, a dispatch.Allocation, req 
 // commit moves a to active once the upstream answered. Commit cannot fail
 // on a fresh allocation; if it ever does the request fails closed (500)
 // rather than run uncounted.
-func (h *Handler) commit(w http.ResponseWriter, a dispatch.Allocation, upstream io.Closer) bool {
+func (h *Handler) commit(c *conn, a dispatch.Allocation) bool {
 	err := h.d.Commit(a)
 	if err == nil {
 		return true
 	}
-	_ = upstream.Close()
 	h.d.Release(a, worker.Outcome{})
 	h.log.Error("committing allocation", "err", err)
-	writeError(w, http.StatusInternalServerError, "internal")
+	c.writeError(500, "internal", false, "", "")
 	return false
 }
 
@@ -409,83 +474,73 @@ func (h *Handler) settle(a dispatch.Allocation, o worker.Outcome) {
 
 // forwardDirect serves a request of an onUnavailable "direct" rule without
 // a proxy, dialling only the guard's checked addresses.
-func (h *Handler) forwardDirect(w http.ResponseWriter, r *http.Request, out *http.Request, addrs []netip.AddrPort) (result, bool) {
+func (h *Handler) forwardDirect(c *conn, sticky string, addrs []netip.AddrPort) (result, bool) {
 	h.m.direct.Inc()
-	resp, err := h.f.DirectRoundTrip(out, addrs)
+	c.out = appendOutbound(c.out[:0], &c.req, c.auth, sticky)
+	c.treq.Header = c.out
+	err := h.f.DirectRoundTrip(c.srv.ctx, &c.treq, addrs, &c.resp)
+	h.m.bytesUp.Add(float64(c.body.N))
+	c.body.N = 0
 	if err != nil {
-		if r.Context().Err() != nil {
+		var be *transport.BodyError
+		if errors.As(err, &be) {
+			return h.clientBodyFailed(c, be)
+		}
+		if c.srv.ctx.Err() != nil {
 			return resultCanceled, false
 		}
 		h.log.Debug("direct request failed", "err", err)
-		return h.upstreamFailed(w, "direct-", err), false
+		return h.upstreamFailed(c, "direct-", err)
 	}
-	res, _, abort := h.stream(w, r, resp)
-	return res, abort
+	res, _, keep := h.stream(c)
+	return res, keep
 }
-
-// outbound is the request sent to the upstream proxy: absolute-form to the
-// normalised destination, hop-by-hop, proxy and gateway headers removed.
-func (h *Handler) outbound(r *http.Request, host string, port uint16) *http.Request {
-	u := *r.URL
-	u.Host = joinAuthority(host, port)
-	if port == 80 {
-		u.Host = strings.TrimSuffix(u.Host, ":80")
-	}
-	out := &http.Request{
-		Method:     r.Method,
-		URL:        &u,
-		Proto:      "HTTP/1.1",
-		ProtoMajor: 1,
-		ProtoMinor: 1,
-		Header:     cleanHeader(r.Header),
-		Host:       u.Host,
-		Body:       http.NoBody,
-	}
-	if r.Body != http.NoBody && r.Body != nil {
-		out.Body = &countingReader{r: r.Body, n: h.m.bytesUp}
-		out.ContentLength = r.ContentLength
-	}
-	if _, ok := out.Header["User-Agent"]; !ok {
-		// Without this net/http would announce itself to the target.
-		out.Header["User-Agent"] = []string{""}
-	}
-	return out.WithContext(r.Context())
-}
-
-type countingReader struct {
-	r io.ReadCloser
-	n prometheus.Counter
-}
-
-func (c *countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	if n > 0 {
-		c.n.Add(float64(n))
-	}
-	return n, err
-}
-
-func (c *countingReader) Close() error { return c.r.Close() }
 
 // StreamBufferSize is the copy buffer of one streamed response (pooled).
 const StreamBufferSize = 32 << 10
 
 var bufPool = sync.Pool{New: func() any { b := make([]byte, StreamBufferSize); return &b }}
 
-// stream writes the upstream response to the client. Only an upstream
-// read error is the proxy's failure; a client that stops reading is not.
-func (h *Handler) stream(w http.ResponseWriter, r *http.Request, resp *http.Response) (result, worker.Outcome, bool) {
-	defer resp.Body.Close()
-	copyEndToEnd(w.Header(), resp.Header)
-	w.WriteHeader(resp.StatusCode)
-	if r.Method == http.MethodHead {
-		return resultOK, worker.Outcome{Success: true}, false
+// stream writes the upstream response to the client: its end-to-end
+// fields, its body in its own framing (chunked passed through verbatim).
+// Bytes are flushed whenever the upstream has nothing more at hand, so
+// streams (SSE, long polls) flow as they come. Only an upstream read error
+// is the proxy's failure; a client that stops reading is not.
+func (h *Handler) stream(c *conn) (result, worker.Outcome, bool) {
+	resp := &c.resp
+	defer resp.Close()
+	keep := c.keepAlive() && !resp.BodyUnsent
+	body := resp.HasBody()
+	// Content-Length frames the body unless a transfer coding overrides
+	// it (RFC 9112 §6.3).
+	keepLength := resp.TE == nil
+	switch {
+	case !body:
+	case resp.Chunked && c.req.Minor == 1:
+	case resp.ContentLength < 0:
+		keep = false // until close (or decoded chunks for HTTP/1.0)
 	}
-	var flusher http.Flusher
-	if resp.ContentLength < 0 {
-		// Unknown length is how streams (SSE, long polls) arrive: pass
-		// each chunk on as it comes.
-		flusher, _ = w.(http.Flusher)
+	// The client's body was never asked for (or never finished).
+	c.linger = c.linger || resp.BodyUnsent || !c.body.Done()
+	bw := c.bw
+	w := bw.AvailableBuffer()
+	w = appendStatusLine(w, c.req.Minor, resp.Status, resp.Reason)
+	w = appendResponseFields(w, &resp.Response, keepLength)
+	if resp.TE != nil && c.req.Minor == 1 && (body || c.method == "HEAD") {
+		w = append(w, "Transfer-Encoding: "...)
+		w = append(w, resp.TE...)
+		w = append(w, "\r\n"...)
+	}
+	w = appendConnection(w, c.req.Minor, keep)
+	w = append(w, "\r\n"...)
+	if _, err := bw.Write(w); err != nil {
+		return resultCanceled, worker.Outcome{Success: true}, false
+	}
+	if !body {
+		if err := bw.Flush(); err != nil {
+			return resultCanceled, worker.Outcome{Success: true}, false
+		}
+		return resultOK, worker.Outcome{Success: true}, keep
 	}
 	bp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bp)
@@ -493,91 +548,99 @@ func (h *Handler) stream(w http.ResponseWriter, r *http.Request, resp *http.Resp
 	var n int64
 	defer func() { h.m.bytesDown.Add(float64(n)) }()
 	for {
+		if resp.Body.Buffered() == 0 && bw.Buffered() > 0 {
+			// The next read may wait: let the client have what we hold.
+			if err := bw.Flush(); err != nil {
+				return resultCanceled, worker.Outcome{Success: true}, false
+			}
+		}
 		nr, rerr := resp.Body.Read(buf)
 		if nr > 0 {
-			nw, werr := w.Write(buf[:nr])
+			nw, werr := bw.Write(buf[:nr])
 			n += int64(nw)
 			if werr != nil {
 				return resultCanceled, worker.Outcome{Success: true}, false
 			}
-			if flusher != nil {
-				flusher.Flush()
-			}
 		}
-		if rerr == io.EOF {
-			return resultOK, worker.Outcome{Success: true}, false
+		if rerr == io.EOF || (rerr == nil && resp.Body.Done()) {
+			if err := bw.Flush(); err != nil {
+				return resultCanceled, worker.Outcome{Success: true}, false
+			}
+			return resultOK, worker.Outcome{Success: true}, keep
 		}
 		if rerr != nil {
-			if r.Context().Err() != nil {
-				return resultCanceled, worker.Outcome{}, false
-			}
 			h.log.Debug("upstream response body failed", "err", rerr)
-			return resultUpstreamError, worker.Outcome{Phase: worker.PhaseTunnel}, true
+			// The client must see a broken response, not a short one.
+			_ = bw.Flush()
+			c.abort()
+			return resultUpstreamError, worker.Outcome{Phase: worker.PhaseTunnel}, false
 		}
 	}
 }
 
 // serveConnect opens a tunnel through an upstream proxy.
-func (h *Handler) serveConnect(w http.ResponseWriter, r *http.Request, p *Policy, c *Client) result {
-	host, port, err := connectTarget(r)
+func (h *Handler) serveConnect(c *conn, p *Policy, cl *Client) result {
+	host, port, err := connectTarget(c.req.Target)
 	if err != nil {
-		return h.reject(w, http.StatusBadRequest, ReasonBadTarget)
+		res, _ := h.reject(c, 400, ReasonBadTarget)
+		return res
 	}
-	ctx := r.Context()
-	addrs, res, ok := h.checkDestination(ctx, w, p, host, port)
+	ctx := c.srv.ctx
+	addrs, res, ok := h.checkDestination(ctx, c, p, host, port)
 	if !ok {
 		return res
 	}
-	hj, ok := w.(http.Hijacker)
-	if !ok {
-		writeError(w, http.StatusHTTPVersionNotSupported, "connect-unsupported")
-		return resultBadRequest
-	}
 	authority := joinAuthority(host, port)
-	req := dispatch.Request{Host: host, Port: port, Client: c.Name, Header: r.Header, UserSession: c.Session}
+	req := &c.dreq
+	*req = dispatch.Request{Host: host, Port: port, Client: cl.Name, Header: h.stickyHeader(&c.req), UserSession: cl.Session}
 	var lastErr error
 	for try := 0; ; try++ {
-		a, err := h.d.Acquire(ctx, &req)
+		a, err := h.d.Acquire(ctx, req)
 		if err != nil {
 			switch {
 			case lastErr != nil:
-				return h.upstreamFailed(w, "upstream-", lastErr)
+				res, _ := h.upstreamFailed(c, "upstream-", lastErr)
+				return res
 			case goDirect(a, err):
-				return h.connectDirect(w, hj, ctx, addrs)
+				return h.connectDirect(c, ctx, addrs)
 			}
-			return h.refuse(w, err)
+			res, _ := h.refuse(c, err)
+			return res
 		}
 		start := time.Now()
 		tun, err := h.f.Connect(ctx, a.Target, authority)
 		if err != nil {
 			lastErr = err
-			switch h.failedAttempt(ctx, a, &req, err, try, min(MaxAttempts, a.Rule.MaxAttempts)) {
+			switch h.failedAttempt(ctx, a, req, err, try, min(MaxAttempts, a.Rule.MaxAttempts)) {
 			case attemptCanceled:
 				return resultCanceled
 			case attemptRetry:
 				continue
 			}
-			return h.upstreamFailed(w, "upstream-", err)
+			res, _ := h.upstreamFailed(c, "upstream-", err)
+			return res
 		}
 		h.m.upstreamConnect.Observe(time.Since(start).Seconds())
-		if !h.commit(w, a, tun.Conn) {
+		if !h.commit(c, a) {
+			_ = tun.Conn.Close()
 			return resultUpstreamError
 		}
-		return h.tunnel(hj, tun, func(o worker.Outcome) { h.settle(a, o) })
+		return h.tunnel(c, tun, func(o worker.Outcome) { h.settle(a, o) })
 	}
 }
 
 // connectDirect opens a tunnel straight to the guard's checked addresses.
-func (h *Handler) connectDirect(w http.ResponseWriter, hj http.Hijacker, ctx context.Context, addrs []netip.AddrPort) result {
+func (h *Handler) connectDirect(c *conn, ctx context.Context, addrs []netip.AddrPort) result {
 	h.m.direct.Inc()
 	conn, err := h.f.DirectConnect(ctx, addrs)
 	if err != nil {
 		if ctx.Err() != nil {
 			return resultCanceled
 		}
-		return h.upstreamFailed(w, "direct-", err)
+		res, _ := h.upstreamFailed(c, "direct-", err)
+		return res
 	}
-	return h.tunnel(hj, &transport.Tunnel{Conn: conn}, func(worker.Outcome) {})
+	return h.tunnel(c, &transport.Tunnel{Conn: conn}, func(worker.Outcome) {})
 }
 
 var established = []byte("HTTP/1.1 200 Connection established\r\n\r\n")
@@ -585,44 +648,31 @@ var established = []byte("HTTP/1.1 200 Connection established\r\n\r\n")
 // tunnel answers 200 and carries bytes both ways until both sides closed;
 // release is called exactly once with the outcome. From the 200 on nothing
 // is retried (seed 000 §7.2).
-func (h *Handler) tunnel(hj http.Hijacker, tun *transport.Tunnel, release func(worker.Outcome)) result {
+func (h *Handler) tunnel(c *conn, tun *transport.Tunnel, release func(worker.Outcome)) result {
 	upstream := tun.Conn
 	defer upstream.Close()
-	client, rw, err := hj.Hijack()
-	if err != nil {
-		release(worker.Outcome{})
-		return resultCanceled
-	}
-	defer client.Close()
-	raw := rawConn(client)
-	// The server's header and idle deadlines do not apply to a tunnel.
-	_ = raw.SetDeadline(time.Time{})
-	if _, err := raw.Write(established); err != nil {
+	client := c.raw
+	// The head deadline does not apply to a tunnel.
+	_ = client.SetDeadline(time.Time{})
+	w := append(c.bw.AvailableBuffer(), established...)
+	if _, err := client.Write(append(w, tun.Buffered...)); err != nil {
 		release(worker.Outcome{Success: true})
 		return resultCanceled
 	}
-	if len(tun.Buffered) > 0 {
-		if _, err := raw.Write(tun.Buffered); err != nil {
-			release(worker.Outcome{Success: true})
-			return resultCanceled
-		}
-		h.m.bytesDown.Add(float64(len(tun.Buffered)))
-	}
-	if n := rw.Reader.Buffered(); n > 0 {
+	h.m.bytesDown.Add(float64(len(tun.Buffered)))
+	if n := c.br.Buffered(); n > 0 {
 		// Bytes the client pipelined behind its CONNECT (a TLS hello).
-		b, _ := rw.Reader.Peek(n)
-		if _, err := upstream.Write(b); err != nil {
+		if _, err := upstream.Write(c.br.Bytes()); err != nil {
 			release(worker.Outcome{Phase: worker.PhaseTunnel})
 			return resultUpstreamError
 		}
 		h.m.bytesUp.Add(float64(n))
 	}
-	t := &tunnelConns{client: raw, upstream: upstream}
-	h.tunnels.add(t)
+	// An idle tunnel holds no buffer of ours.
+	c.releaseBuffers()
 	h.m.tunnelsActive.Inc()
-	up, down := pipe(raw, upstream)
+	up, down := pipe(client, upstream)
 	h.m.tunnelsActive.Dec()
-	h.tunnels.remove(t)
 	h.m.bytesUp.Add(float64(up))
 	h.m.bytesDown.Add(float64(down))
 	release(worker.Outcome{Success: true})
@@ -638,89 +688,4 @@ func pipe(client, upstream io.ReadWriteCloser) (up, down int64) {
 	return up, down
 }
 
-type tunnelConns struct {
-	client, upstream io.Closer
-	shard            int
-}
-
-// tunnelSet tracks open tunnels so shutdown can close them: hijacked
-// connections are invisible to http.Server. It is sharded round-robin so
-// that CONNECT setup does not serialise on one lock.
-type tunnelSet struct {
-	next   atomic.Uint32
-	count  atomic.Int64
-	shards [16]struct {
-		mu sync.Mutex
-		m  map[*tunnelConns]struct{}
-	}
-}
-
-func (s *tunnelSet) init() {
-	for i := range s.shards {
-		s.shards[i].m = make(map[*tunnelConns]struct{})
-	}
-}
-
-func (s *tunnelSet) add(t *tunnelConns) {
-	t.shard = int(s.next.Add(1) % uint32(len(s.shards)))
-	sh := &s.shards[t.shard]
-	sh.mu.Lock()
-	sh.m[t] = struct{}{}
-	sh.mu.Unlock()
-	s.count.Add(1)
-}
-
-func (s *tunnelSet) remove(t *tunnelConns) {
-	sh := &s.shards[t.shard]
-	sh.mu.Lock()
-	delete(sh.m, t)
-	sh.mu.Unlock()
-	s.count.Add(-1)
-}
-
-// closeAll closes both ends of every open tunnel; their goroutines then
-// finish and release their allocations.
-func (s *tunnelSet) closeAll() int {
-	n := 0
-	for i := range s.shards {
-		sh := &s.shards[i]
-		sh.mu.Lock()
-		for t := range sh.m {
-			_ = t.client.Close()
-			_ = t.upstream.Close()
-			n++
-		}
-		sh.mu.Unlock()
-	}
-	return n
-}
-
-// ActiveTunnels is the number of open tunnels.
-func (h *Handler) ActiveTunnels() int64 { return h.tunnels.count.Load() }
-
-// CloseTunnels force-closes every open tunnel (end of a drain) and returns
-// how many it closed.
-func (h *Handler) CloseTunnels() int { return h.tunnels.closeAll() }
-
-// drainPoll is how often WaitTunnels looks again; http.Server.Shutdown
-// polls its connections the same way.
-const drainPoll = 20 * time.Millisecond
-
-// WaitTunnels returns nil once no tunnel is open, or ctx's error.
-func (h *Handler) WaitTunnels(ctx context.Context) error {
-	t := time.NewTicker(drainPoll)
-	defer t.Stop()
-	for h.tunnels.count.Load() > 0 {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		}
-	}
-	return nil
-}
-
-var (
-	_ http.Handler   = (*Handler)(nil)
-	_ ListenerEvents = (*Handler)(nil)
-)
+var _ ListenerEvents = (*Handler)(nil)

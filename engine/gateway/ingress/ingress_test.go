@@ -2,43 +2,96 @@ package ingress
 
 import (
 	"encoding/base64"
+	"errors"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/proxypool/proxypool/engine/gateway/internal/h1"
 )
 
-func TestCleanHeader(t *testing.T) {
-	src := http.Header{
-		"Accept":              {"*/*"},
-		"Connection":          {"keep-alive, X-Secret-Hop", "x-other-hop"},
-		"X-Secret-Hop":        {"1"},
-		"X-Other-Hop":         {"1"},
-		"Proxy-Authorization": {"Basic Zm9vOmJhcg=="},
-		"Proxy-Connection":    {"keep-alive"},
-		"Keep-Alive":          {"timeout=5"},
-		"Te":                  {"trailers"},
-		"Trailer":             {"X-T"},
-		"Transfer-Encoding":   {"chunked"},
-		"Upgrade":             {"websocket"},
-		"Proxy-Authenticate":  {"Basic"},
-		"X-Keep":              {"yes"},
-		"X-Proxypool-Api-Key": {"k"},
+// parseHead parses a request head made of the request line and fields.
+func parseHead(t testing.TB, line string, fields ...string) *h1.Request {
+	t.Helper()
+	head := line + "\r\n"
+	for _, f := range fields {
+		head += f + "\r\n"
 	}
-	got := cleanHeader(src)
-	want := map[string]bool{"Accept": true, "X-Keep": true}
+	var r h1.Request
+	if err := h1.ParseRequest([]byte(head+"\r\n"), &r, 100); err != nil {
+		t.Fatalf("parsing %q: %v", head, err)
+	}
+	return &r
+}
+
+// fieldNames parses a block of field lines into name → value.
+func fieldNames(t testing.TB, block []byte) map[string]string {
+	t.Helper()
+	got := map[string]string{}
+	for line := range strings.SplitSeq(strings.TrimSuffix(string(block), "\r\n"), "\r\n") {
+		name, value, ok := strings.Cut(line, ": ")
+		if !ok {
+			t.Fatalf("malformed line %q in %q", line, block)
+		}
+		if _, dup := got[name]; dup {
+			t.Fatalf("%s twice in %q", name, block)
+		}
+		got[name] = value
+	}
+	return got
+}
+
+func TestOutboundHeaders(t *testing.T) {
+	r := parseHead(t, "POST http://Example.COM/p HTTP/1.1",
+		"Host: elsewhere.example",
+		"Accept: */*",
+		"Connection: keep-alive, X-Secret-Hop",
+		"connection: x-other-hop",
+		"X-Secret-Hop: 1",
+		"X-Other-Hop: 1",
+		"Proxy-Authorization: Basic Zm9vOmJhcg==",
+		"Proxy-Connection: keep-alive",
+		"Keep-Alive: timeout=5",
+		"Te: trailers",
+		"Trailer: X-T",
+		"Upgrade: websocket",
+		"Proxy-Authenticate: Basic",
+		"X-Keep: yes",
+		"X-Proxypool-Api-Key: k",
+		"X-Session: s1",
+		"Content-Length: 3",
+		"Content-Length: 3",
+	)
+	got := fieldNames(t, appendOutbound(nil, r, []byte("example.com"), "X-Session"))
+	want := map[string]string{"Host": "example.com", "Accept": "*/*", "X-Keep": "yes", "Content-Length": "3"}
 	if len(got) != len(want) {
 		t.Fatalf("kept %v", got)
 	}
-	for k := range got {
-		if !want[k] {
-			t.Fatalf("kept %s", k)
+	for k, v := range want {
+		if got[k] != v {
+			t.Fatalf("%s = %q, want %q (all: %v)", k, got[k], v, got)
 		}
 	}
-	if len(src) != 14 {
-		t.Fatal("source header modified")
+	// A chunked body is announced once, as chunked; no length.
+	r = parseHead(t, "POST http://a/ HTTP/1.1", "Host: a", "Transfer-Encoding: chunked")
+	if got := fieldNames(t, appendOutbound(nil, r, []byte("a"), "")); got["Transfer-Encoding"] != "chunked" || len(got) != 2 {
+		t.Fatalf("chunked request forwarded with %v", got)
+	}
+}
+
+func TestResponseFields(t *testing.T) {
+	head := "HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: X-Hop\r\nX-Hop: 1\r\nKeep-Alive: timeout=5\r\n" +
+		"Proxy-Authenticate: Basic\r\nTransfer-Encoding: chunked\r\nContent-Length: 9\r\nX-Keep: yes\r\n\r\n"
+	var r h1.Response
+	if err := h1.ParseResponse([]byte(head), &r, 100); err != nil {
+		t.Fatal(err)
+	}
+	got := fieldNames(t, appendResponseFields(nil, &r, !r.Chunked))
+	if len(got) != 2 || got["Content-Type"] != "text/plain" || got["X-Keep"] != "yes" {
+		t.Fatalf("forwarded %v (chunked framing overrides the length)", got)
 	}
 }
 
@@ -284,7 +337,13 @@ func TestCredentials(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c, session := credentials(&http.Request{Header: tc.header}, netip.MustParseAddr("192.0.2.1"))
+			r := &h1.Request{}
+			for k, vv := range tc.header {
+				for _, v := range vv {
+					r.Fields = append(r.Fields, h1.Field{Name: []byte(k), Value: []byte(v)})
+				}
+			}
+			c, session := credentials(r, netip.MustParseAddr("192.0.2.1"))
 			if c.Username != tc.user || c.Password != tc.pass || c.APIKey != tc.apiKey || c.Bearer != tc.bearer || session != tc.session {
 				t.Fatalf("got %+v session %q", c, session)
 			}
@@ -292,7 +351,57 @@ func TestCredentials(t *testing.T) {
 	}
 }
 
-func TestFramer(t *testing.T) {
+// stepReader returns at most step bytes per Read.
+type stepReader struct {
+	data []byte
+	step int
+}
+
+func (s *stepReader) Read(p []byte) (int, error) {
+	if len(s.data) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p[:min(len(p), s.step)], s.data)
+	s.data = s.data[n:]
+	return n, nil
+}
+
+// verdict reads stream as a client connection is read — heads parsed in
+// place, bodies consumed by their framing — and returns the 1-based index
+// of the first request refused, 0 when none is (a CONNECT ends the
+// requests: tunnel bytes follow).
+func verdict(stream string, step int) int64 {
+	var br h1.Reader
+	br.Reset(&stepReader{data: []byte(stream), step: step})
+	defer br.Release()
+	var req h1.Request
+	var body h1.Body
+	for i := int64(1); ; i++ {
+		head, err := br.ReadHead(64<<10, true)
+		if err != nil {
+			return 0 // the stream ended
+		}
+		if err := h1.ParseRequest(head, &req, 100); err != nil {
+			return i
+		}
+		if string(req.Method) == "CONNECT" {
+			return 0
+		}
+		if req.Chunked {
+			body.ResetChunked(&br, false)
+		} else {
+			body.ResetLength(&br, req.ContentLength)
+		}
+		if _, err := io.Copy(io.Discard, &body); err != nil {
+			if errors.Is(err, h1.ErrBadChunk) {
+				return i
+			}
+			return 0
+		}
+	}
+}
+
+func TestRequestFraming(t *testing.T) {
 	tests := []struct {
 		name   string
 		stream string
@@ -302,23 +411,28 @@ func TestFramer(t *testing.T) {
 		{"clean pipeline", "GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\nGET http://a/2 HTTP/1.1\r\nHost: a\r\n\r\n", 0},
 		{"obs-fold", "GET http://a/ HTTP/1.1\r\nHost: a\r\nX-A: one\r\n two\r\n\r\n", 1},
 		{"obs-fold tab", "GET http://a/ HTTP/1.1\r\nHost: a\r\nX-A: one\r\n\ttwo\r\n\r\n", 1},
-		{"fold in second request", "GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\nGET http://a/ HTTP/1.1\r\nX-A: 1\r\n 2\r\n\r\n", 2},
+		{"fold in second request", "GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\nGET http://a/ HTTP/1.1\r\nHost: a\r\nX-A: 1\r\n 2\r\n\r\n", 2},
 		{"te and cl", "POST http://a/ HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 1},
-		{"body with fold-like bytes skipped", "POST http://a/ HTTP/1.1\r\nContent-Length: 6\r\n\r\n\r\n x\r\nGET http://a/ HTTP/1.1\r\n\r\n", 0},
-		{"chunked body skipped", "POST http://a/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n4;ext=1\r\n\r\n x\r\n0\r\nTrailer: t\r\n\r\nGET http://a/ HTTP/1.1\r\nX: 1\r\n\r\n", 0},
-		{"fold after chunked body", "POST http://a/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nx\r\n0\r\n\r\nGET http://a/ HTTP/1.1\r\nX: 1\r\n 2\r\n\r\n", 2},
-		{"connect stops scanning", "CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n\r\n tunnel bytes", 0},
-		{"leading empty lines", "\r\n\r\nGET http://a/ HTTP/1.1\r\n\r\n", 0},
+		{"body with fold-like bytes skipped", "POST http://a/ HTTP/1.1\r\nHost: a\r\nContent-Length: 6\r\n\r\n\r\n x\r\nGET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", 0},
+		{"chunked body skipped", "POST http://a/ HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n4;ext=1\r\n\r\n x\r\n0\r\nTrailer: t\r\n\r\nGET http://a/ HTTP/1.1\r\nHost: a\r\nX: 1\r\n\r\n", 0},
+		{"fold after chunked body", "POST http://a/ HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nx\r\n0\r\n\r\nGET http://a/ HTTP/1.1\r\nHost: a\r\nX: 1\r\n 2\r\n\r\n", 2},
+		{"connect stops reading", "CONNECT a:443 HTTP/1.1\r\nHost: a\r\n\r\n\r\n tunnel bytes", 0},
+		{"leading empty lines", "\r\n\r\nGET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n", 0},
+		{"bad chunk size", "POST http://a/ HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nx\r\n0\r\n\r\n", 1},
+		{"bare LF in chunk framing", "POST http://a/ HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n1\nx\r\n0\r\n\r\n", 1},
+		{"chunk data longer than its size", "POST http://a/ HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n1\r\nxy\r\n0\r\n\r\n", 1},
+		{"bad chunk in second request", "GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\nPOST http://a/ HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\n", 2},
+		{"Transfer-Encoding in HTTP/1.0", "POST http://a/ HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 1},
+		{"space before colon", "GET http://a/ HTTP/1.1\r\nHost : a\r\n\r\n", 1},
+		{"two Host headers", "GET http://a/ HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 1},
+		{"bare CR in a value", "GET http://a/ HTTP/1.1\r\nHost: a\r\nX: a\rb\r\n\r\n", 1},
+		{"HTTP/1.0 without Host", "GET http://a/ HTTP/1.0\r\n\r\n", 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			// Byte by byte and all at once must agree.
 			for _, step := range []int{1, 7, len(tc.stream)} {
-				var f framer
-				for i := 0; i < len(tc.stream); i += step {
-					f.scan([]byte(tc.stream[i:min(i+step, len(tc.stream))]))
-				}
-				if got := f.bad.Load(); got != tc.bad {
+				if got := verdict(tc.stream, step); got != tc.bad {
 					t.Fatalf("step %d: bad = %d, want %d", step, got, tc.bad)
 				}
 			}
@@ -326,23 +440,18 @@ func TestFramer(t *testing.T) {
 	}
 }
 
-// FuzzFramer: the verdict must not depend on how reads split the stream,
-// and scanning must never panic.
-func FuzzFramer(f *testing.F) {
-	f.Add("GET http://a/ HTTP/1.1\r\nX: 1\r\n 2\r\n\r\n", 3)
-	f.Add("POST http://a/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n0\r\n\r\nGET / HTTP/1.1\r\n\r\n", 5)
-	f.Add("POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\nxxGET / HTTP/1.1\r\n\r\n", 1)
+// FuzzRequestFraming: the verdict must not depend on how reads split the
+// stream, and reading must never panic.
+func FuzzRequestFraming(f *testing.F) {
+	f.Add("GET http://a/ HTTP/1.1\r\nHost: a\r\nX: 1\r\n 2\r\n\r\n", 3)
+	f.Add("POST http://a/ HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n0\r\n\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n", 5)
+	f.Add("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\nxxGET / HTTP/1.1\r\n\r\n", 1)
 	f.Fuzz(func(t *testing.T, stream string, step int) {
 		if step <= 0 || step > 64 {
 			step = 1
 		}
-		var whole, split framer
-		whole.scan([]byte(stream))
-		for i := 0; i < len(stream); i += step {
-			split.scan([]byte(stream[i:min(i+step, len(stream))]))
-		}
-		if whole.bad.Load() != split.bad.Load() {
-			t.Fatalf("verdict depends on read boundaries: %d vs %d", whole.bad.Load(), split.bad.Load())
+		if whole, split := verdict(stream, len(stream)+1), verdict(stream, step); whole != split {
+			t.Fatalf("verdict depends on read boundaries: %d vs %d", whole, split)
 		}
 	})
 }

@@ -1,7 +1,6 @@
 package ingress
 
 import (
-	"context"
 	"net"
 	"net/netip"
 	"sync"
@@ -12,8 +11,8 @@ import (
 // LimitListener caps the connections open at once, in total and per client
 // address. Above a cap it refuses fast — a short canned response and close
 // — instead of letting connections queue in the accept backlog or in memory
-// (seed 000 §17.2). Every accepted connection is wrapped so the handler can
-// see framing violations net/http tolerates (see framer).
+// (seed 000 §17.2). An accepted connection gives its slots back on its
+// first Close.
 type LimitListener struct {
 	net.Listener
 	max       atomic.Int64
@@ -98,12 +97,13 @@ func (l *LimitListener) Accept() (net.Conn, error) {
 }
 
 func (l *LimitListener) refuse(c net.Conn, msg, reason string) {
-	_ = c.SetWriteDeadline(time.Now().Add(refuseWriteTimeout))
-	_, _ = c.Write([]byte(msg))
-	_ = c.Close()
+	// Counted before the client can see the answer.
 	if l.events != nil {
 		l.events.Refused(reason)
 	}
+	_ = c.SetWriteDeadline(time.Now().Add(refuseWriteTimeout))
+	_, _ = c.Write([]byte(msg))
+	_ = c.Close()
 }
 
 // takeClient counts c against its address's cap. It returns the address
@@ -147,22 +147,12 @@ func (l *LimitListener) dropClient(ip netip.Addr) {
 	}
 }
 
-// limitConn gives its slots back on the first Close, and scans what the
-// client sends for framing net/http would tolerate.
+// limitConn gives its slots back on the first Close.
 type limitConn struct {
 	net.Conn
 	l    *LimitListener
 	ip   netip.Addr // valid when counted per client
 	once sync.Once
-	fr   framer
-}
-
-func (c *limitConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	if n > 0 {
-		c.fr.scan(p[:n])
-	}
-	return n, err
 }
 
 func (c *limitConn) Close() error {
@@ -190,17 +180,6 @@ func rawConn(c net.Conn) net.Conn {
 		return lc.Conn
 	}
 	return c
-}
-
-type connKey struct{}
-
-// ConnContext is the http.Server ConnContext hook the handler needs to see
-// its connection's framing verdicts.
-func ConnContext(ctx context.Context, c net.Conn) context.Context {
-	if lc, ok := c.(*limitConn); ok {
-		return context.WithValue(ctx, connKey{}, lc)
-	}
-	return ctx
 }
 
 var _ net.Listener = (*LimitListener)(nil)

@@ -56,12 +56,15 @@ const (
 	ReasonRateLimited       = "rate-limited"
 	ReasonRoutingLimit      = "routing-limit"
 	ReasonBadFraming        = "bad-framing"
+	ReasonBadRequest        = "bad-request"
+	ReasonHeadersTooLarge   = "headers-too-large"
 )
 
 var rejectionReasons = []string{
 	ReasonNoProxy, ReasonStale, ReasonNoRoute, ReasonDeniedDestination, ReasonAccessDenied,
 	ReasonAuthRequired, ReasonBadTarget, ReasonTooManyHeaders, ReasonOverload,
 	ReasonTooManyConns, ReasonRateLimited, ReasonRoutingLimit, ReasonBadFraming,
+	ReasonBadRequest, ReasonHeadersTooLarge,
 }
 
 type metrics struct {

@@ -1,13 +1,15 @@
 package ingress
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"net/netip"
 	"strconv"
 	"strings"
+
+	"github.com/proxypool/proxypool/engine/gateway/internal/h1"
 )
 
 // maxHostLen is the DNS limit on a name.
@@ -85,25 +87,60 @@ func joinAuthority(host string, port uint16) string {
 	return net.JoinHostPort(host, strconv.Itoa(int(port)))
 }
 
-// forwardTarget checks an absolute-form request and returns its normalised
-// destination. Only http targets are forwarded: https goes through CONNECT.
-func forwardTarget(r *http.Request) (host string, port uint16, err error) {
-	if r.URL == nil || !r.URL.IsAbs() || r.URL.Host == "" {
-		return "", 0, errors.New("request target is not in absolute form")
+// appendAuthority appends the authority of an absolute-form request line
+// and Host header: IPv6 bracketed, port 80 left out.
+func appendAuthority(dst []byte, host string, port uint16) []byte {
+	if strings.IndexByte(host, ':') >= 0 {
+		dst = append(dst, '[')
+		dst = append(dst, host...)
+		dst = append(dst, ']')
+	} else {
+		dst = append(dst, host...)
 	}
-	if !strings.EqualFold(r.URL.Scheme, "http") {
-		return "", 0, fmt.Errorf("unsupported target scheme %q (use CONNECT for https)", r.URL.Scheme)
+	if port != 80 {
+		dst = append(dst, ':')
+		dst = strconv.AppendUint(dst, uint64(port), 10)
 	}
-	if r.URL.User != nil {
-		return "", 0, errors.New("credentials in the target URL are not forwarded")
+	return dst
+}
+
+var (
+	errNotAbsolute = errors.New("request target is not in absolute form with scheme http (use CONNECT for https)")
+	errUserinfo    = errors.New("credentials in the target URL are not forwarded")
+	slash          = []byte("/")
+)
+
+// forwardTarget checks an absolute-form request target and returns its
+// normalised destination and its origin-form path and query. Only http
+// targets are forwarded: https goes through CONNECT.
+func forwardTarget(target []byte) (host string, port uint16, uri []byte, err error) {
+	const scheme = "http://"
+	if len(target) <= len(scheme) || !h1.EqualFold(target[:len(scheme)], scheme) {
+		return "", 0, nil, errNotAbsolute
 	}
-	return ParseAuthority(r.URL.Host, 80)
+	rest := target[len(scheme):]
+	end := bytes.IndexAny(rest, "/?")
+	if end < 0 {
+		end = len(rest)
+	}
+	authority, uri := rest[:end], rest[end:]
+	if bytes.IndexByte(authority, '@') >= 0 {
+		return "", 0, nil, errUserinfo
+	}
+	host, port, err = ParseAuthority(string(authority), 80)
+	if err != nil {
+		return "", 0, nil, err
+	}
+	switch {
+	case len(uri) == 0:
+		uri = slash
+	case uri[0] == '?':
+		uri = append([]byte("/"), uri...)
+	}
+	return host, port, uri, nil
 }
 
 // connectTarget returns the normalised authority of a CONNECT request.
-func connectTarget(r *http.Request) (host string, port uint16, err error) {
-	if r.URL == nil || r.URL.Host == "" || r.URL.Path != "" || r.URL.Scheme != "" {
-		return "", 0, errors.New("CONNECT target is not host:port")
-	}
-	return ParseAuthority(r.URL.Host, 0)
+func connectTarget(target []byte) (host string, port uint16, err error) {
+	return ParseAuthority(string(target), 0)
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"strconv"
 	"strings"
 	"testing"
@@ -36,13 +37,27 @@ func target(t *testing.T, p proxy.Proxy) *snapshot.Target {
 	return c[0].Target()
 }
 
-func get(t *testing.T, url string) *http.Request {
+// get is a GET of rawURL as the client side hands it to the transport.
+func get(t *testing.T, rawURL string) *transport.Request {
 	t.Helper()
-	r, err := http.NewRequest(http.MethodGet, url, nil)
+	u, err := url.Parse(rawURL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return r
+	return &transport.Request{Method: http.MethodGet, Authority: []byte(u.Host), URI: []byte(u.RequestURI()),
+		Header: []byte("Host: " + u.Host + "\r\n"), Idempotent: true}
+}
+
+// roundTrip sends req through target and returns the status and the whole
+// body.
+func roundTrip(tr *transport.Transport, req *transport.Request, target *snapshot.Target) (int, []byte, error) {
+	var resp transport.Response
+	if err := tr.RoundTrip(context.Background(), req, target, &resp); err != nil {
+		return 0, nil, err
+	}
+	defer resp.Close()
+	body, err := io.ReadAll(&resp.Body)
+	return resp.Status, body, err
 }
 
 // silentProxy accepts connections and reads but never answers.
@@ -79,16 +94,15 @@ func TestRoundTripThroughUpstream(t *testing.T) {
 	defer tr.CloseIdleConnections()
 	tgt := target(t, gwtest.ProxyOf(up, "u", "alice", "s3cret", time.Now()))
 	for i := range 3 {
-		resp, err := tr.RoundTrip(get(t, tg.URL()+"/x"+strconv.Itoa(i)), tgt)
+		status, body, err := roundTrip(tr, get(t, tg.URL()+"/x"+strconv.Itoa(i)), tgt)
 		if err != nil {
 			t.Fatal(err)
 		}
 		var rec testenv.Received
-		err = json.NewDecoder(resp.Body).Decode(&rec)
-		resp.Body.Close()
+		err = json.Unmarshal(body, &rec)
 		// The upstream demands credentials: a 200 proves they were sent.
-		if err != nil || resp.StatusCode != 200 || rec.Path != "/x"+strconv.Itoa(i) || rec.UpstreamProxy != up.ID() {
-			t.Fatalf("response %d %+v %v", resp.StatusCode, rec, err)
+		if err != nil || status != 200 || rec.Path != "/x"+strconv.Itoa(i) || rec.UpstreamProxy != up.ID() {
+			t.Fatalf("response %d %+v %v", status, rec, err)
 		}
 	}
 	if n := up.ActiveConns(); n != 1 {
@@ -115,9 +129,8 @@ func TestRoundTripFailurePhases(t *testing.T) {
 	defer tr.CloseIdleConnections()
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			resp, err := tr.RoundTrip(get(t, tg.URL()+"/"), target(t, tc.proxy))
+			_, _, err := roundTrip(tr, get(t, tg.URL()+"/"), target(t, tc.proxy))
 			if err == nil {
-				resp.Body.Close()
 				t.Fatal("round trip succeeded")
 			}
 			var te *transport.Error
@@ -238,19 +251,19 @@ func TestDirect(t *testing.T) {
 		// The URL names a host nobody can resolve here: only the checked
 		// address can make this work.
 		req := get(t, "http://unresolvable.invalid/direct")
-		resp, err := tr.DirectRoundTrip(req, checked)
-		if err != nil {
+		var resp transport.Response
+		if err := tr.DirectRoundTrip(context.Background(), req, checked, &resp); err != nil {
 			t.Fatal(err)
 		}
 		var rec testenv.Received
-		_ = json.NewDecoder(resp.Body).Decode(&rec)
-		resp.Body.Close()
+		_ = json.NewDecoder(&resp.Body).Decode(&rec)
+		resp.Close()
 		if rec.Path != "/direct" || rec.UpstreamProxy != "" {
 			t.Fatalf("target saw %+v", rec)
 		}
 	})
 	t.Run("no checked address", func(t *testing.T) {
-		_, err := tr.DirectRoundTrip(get(t, "http://other.invalid/"), nil)
+		err := tr.DirectRoundTrip(context.Background(), get(t, "http://other.invalid/"), nil, &transport.Response{})
 		if transport.PhaseOf(err) != worker.PhaseDial {
 			t.Fatalf("err = %v", err)
 		}
