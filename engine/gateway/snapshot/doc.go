@@ -13,8 +13,8 @@
 // request still holding an older snapshot can reserve on it afterwards.
 // The registry has a hard bound on entries.
 //
-// This package must never import net/http or any I/O package beyond what
-// building a *url.URL needs, and must never import dispatch, transport or
+// This package must never import net/http or any I/O package, and must
+// never import dispatch, transport or
 // ingress: they depend on it. It imports sticky only to hold a rule's
 // session cache.
 package snapshot

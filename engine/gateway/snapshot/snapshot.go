@@ -5,7 +5,6 @@ import (
 	"errors"
 	"log/slog"
 	"math"
-	"net/url"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -30,14 +29,10 @@ type Target struct {
 	// ProxyAuthorization is the complete header value ("Basic ..."), empty
 	// for a proxy without credentials. Never log it.
 	ProxyAuthorization string
-	// URL carries the credentials for net/http's Proxy hook. Never log it.
-	URL *url.URL
 
 	host       string
 	port       uint16
 	user, pass string
-	// u backs URL: one allocation per target instead of two.
-	u url.URL
 }
 
 // LogValue keeps credentials out of logs: a target logs as its ID.
@@ -54,10 +49,7 @@ func newTarget(p *proxy.Proxy) *Target {
 		user:     p.Key.Username,
 		pass:     p.Password,
 	}
-	t.u = url.URL{Scheme: string(p.Key.Scheme), Host: t.Addr}
-	t.URL = &t.u
 	if p.Key.Username != "" || p.Password != "" {
-		t.u.User = url.UserPassword(p.Key.Username, p.Password)
 		cred := p.Key.Username + ":" + p.Password
 		buf := make([]byte, len("Basic ")+base64.StdEncoding.EncodedLen(len(cred)))
 		copy(buf, "Basic ")
