@@ -84,10 +84,38 @@ func decodeMap(m map[string]string) (proxy.Proxy, error) {
 	return decode(func(k string) string { return m[k] })
 }
 
+// fieldIndex maps a field name to its position in fields.
+var fieldIndex = func() map[string]int {
+	m := make(map[string]int, len(fields))
+	for i, f := range fields {
+		m[f] = i
+	}
+	return m
+}()
+
+// decodeRows parses the rows of an extraction reply, each the fields in
+// order (lua/extract.lua).
+func decodeRows(rows []any) ([]proxy.Proxy, error) {
+	out := make([]proxy.Proxy, 0, len(rows))
+	for _, r := range rows {
+		vals, ok := r.([]any)
+		if !ok || len(vals) < len(fields) {
+			return nil, fmt.Errorf("decode extraction result: bad row %v", r)
+		}
+		p, err := decode(func(k string) string { return toStr(vals[fieldIndex[k]]) })
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
 // decodePayload parses the length-prefixed records lua/lib.lua encode
-// writes: len(fields) values per proxy, each "<length>:<bytes>".
+// writes (an idempotency record): len(fields) values per proxy, each
+// "<length>:<bytes>".
 func decodePayload(s string) ([]proxy.Proxy, error) {
-	var out []proxy.Proxy
+	out := []proxy.Proxy{}
 	vals := make(map[string]string, len(fields))
 	for len(s) > 0 {
 		for _, f := range fields {

@@ -43,9 +43,13 @@ var scriptBulk = func() *redis.Script {
 	return redis.NewScript(string(lib) + bulkBody)
 }()
 
+// BenchRegions are the regions BulkLoadAvailable deals out in turn.
+var BenchRegions = []string{"eu", "us", "ap", "sa"}
+
 // BulkLoadAvailable loads n AVAILABLE proxies named prefix-i under up,
 // pipelining scripts of chunk proxies, usable for an hour or more (spread
-// so the index has distinct scores).
+// so the index has distinct scores), their regions dealt from BenchRegions
+// so that every second of UsableUntil holds each region alike.
 func BulkLoadAvailable(ctx context.Context, p *Pool, up, prefix string, n int) error {
 	const chunk, depth = 500, 8
 	now := time.Now()
@@ -70,7 +74,7 @@ func BulkLoadAvailable(ctx context.Context, p *Pool, up, prefix string, n int) e
 				ExpiresAt:      now.Add(2*time.Hour + time.Duration(i%3600)*time.Second),
 				UsableUntil:    now.Add(time.Hour + time.Duration(i%3600)*time.Second),
 				MaxConcurrency: 4,
-				Region:         "eu",
+				Region:         BenchRegions[(i+i/3600)%len(BenchRegions)],
 			}
 			a, err := admitArgs(&px, proxy.MakeID(px.Key))
 			if err != nil {

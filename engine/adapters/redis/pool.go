@@ -448,12 +448,14 @@ func (p *Pool) Extract(ctx context.Context, req extraction.Request) (extraction.
 	case "IN":
 		return extraction.Result{}, fmt.Errorf("%s: %w", what, &extraction.InsufficientError{Requested: req.Count, Available: int(toInt(r[1]))})
 	case "F", "R":
-		ps, err := decodePayload(toStr(r[1]))
+		var ps []proxy.Proxy
+		if status(r) == "F" {
+			ps, err = decodeRows(r[1:])
+		} else {
+			ps, err = decodePayload(toStr(r[1]))
+		}
 		if err != nil {
 			return extraction.Result{}, fmt.Errorf("%s: %w", what, err)
-		}
-		if ps == nil {
-			ps = []proxy.Proxy{}
 		}
 		return extraction.Result{Requested: req.Count, Returned: len(ps), Proxies: ps, Replayed: status(r) == "R"}, nil
 	}

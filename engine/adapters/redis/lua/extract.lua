@@ -5,6 +5,11 @@
 -- 16 max candidates examined, 17.. distinct upstreams (none = all).
 -- Selection, the reserve check, the moves to EXTRACTED and the idempotency
 -- record happen in this one script: nothing else runs in between.
+--
+-- Replies {'F', row...}: one row per proxy, its FIELDS in order (the
+-- Lua→Redis conversion of the rows is cheap; formatting them into a
+-- string in Lua is not, so that only happens for an idempotency record),
+-- or {'R', record} replaying one, {'IC'}, {'IN', n}.
 local bad = genmismatch(); if bad then return bad end
 local now = tonumber(ARGV[3]) or nowus()
 local count, aon, reserve = tonumber(ARGV[4]), ARGV[5] == '1', tonumber(ARGV[6])
@@ -24,67 +29,126 @@ if ikey ~= '' then
   end
 end
 
--- One HMGET per candidate reads everything: FIELDS (encoded as the
--- result), then the index member and the key's deadline.
-local SEL = {}
-for i = 1, NFIELDS do SEL[i] = FIELDS[i] end
-SEL[NFIELDS + 1], SEL[NFIELDS + 2] = 'm', 'dl'
+-- A row is FIELDS in order. Its HMGET reads the index member in the place
+-- of the id (which the member ends with) and the key's deadline in the
+-- place of xa; xa and xc are this script's to set.
 local F = {}
 for i = 1, NFIELDS do F[FIELDS[i]] = i end
+local ID, DL, XC = F.id, F.xa, F.xc
+local ST, OW, UU, EX, SC, RG, CR, LS, UP = F.st, F.ow, F.uu, F.ex, F.sc, F.rg, F.cr, F.ls, F.up
+local SEL = {}
+for i = 1, NFIELDS - 1 do SEL[i] = FIELDS[i] end
+SEL[ID], SEL[DL] = 'm', 'dl'
+-- Without a protocol, region or carrier filter nearly every candidate is
+-- taken, so one HMGET reads its whole row. With one, most may be
+-- rejected: a candidate is checked on the fields the filters and the moves
+-- need (CHECK), and only a taken one reads the rest of its row (REST).
+local CHECK, REST = {}, {}
+if proto == '' and region == '' and carrier == '' then
+  for i = 1, NFIELDS - 1 do CHECK[i] = i end
+else
+  CHECK = {ID, ST, OW, UU, EX, DL, UP, SC, RG, CR, LS}
+  local checked = {}
+  for _, i in ipairs(CHECK) do checked[i] = true end
+  for i = 1, NFIELDS - 1 do
+    if not checked[i] then REST[#REST + 1] = i end
+  end
+end
+local function names(list)
+  local t = {}
+  for j, i in ipairs(list) do t[j] = SEL[i] end
+  return t
+end
+local SELC, SELR = names(CHECK), names(REST)
+-- read HMGETs the fields at row positions list into row f (a new row when
+-- f is nil).
+local function read(id, list, sel, f)
+  local v = redis.call('HMGET', pkey(id), unpack(sel))
+  if not f and #list == NFIELDS - 1 then return v end
+  f = f or {}
+  for j = 1, #list do f[list[j]] = v[j] end
+  return f
+end
 
 -- Filters.Eligible, field for field (engine/domain/extraction).
 local function eligible(f, m)
-  if tonumber(f[F.st]) ~= AVAILABLE or f[NFIELDS + 1] ~= m or f[F.ow] ~= '' then return false end
-  if not (now < num(f[F.uu])) then return false end
-  if proto ~= '' and f[F.sc] ~= proto then return false end
-  if region ~= '' and f[F.rg] ~= region then return false end
-  if carrier ~= '' and f[F.cr] ~= carrier then return false end
-  if num(f[F.ex]) - now < minTTL then return false end
-  if maxAge > 0 and now - num(f[F.ls]) > maxAge then return false end
+  if tonumber(f[ST]) ~= AVAILABLE or f[ID] ~= m or f[OW] ~= '' then return false end
+  if not (now < num(f[UU])) then return false end
+  if proto ~= '' and f[SC] ~= proto then return false end
+  if region ~= '' and f[RG] ~= region then return false end
+  if carrier ~= '' and f[CR] ~= carrier then return false end
+  if num(f[EX]) - now < minTTL then return false end
+  if maxAge > 0 and now - num(f[LS]) > maxAge then return false end
   return true
 end
 
-local examined = 0
+-- A source walks one free index from the most remaining usable time down
+-- to the last entry still usable, a page at a time, so a request costs
+-- O(log n) per page plus the candidates examined, not the pool. The first
+-- page is a score range; later ones (after filters rejected candidates) go
+-- by rank, which the skip list finds in O(log n), where a LIMIT offset
+-- into the score range would step over every skipped member again. With
+-- several sources the pages carry scores, to merge them in index order.
 local floor = '(' .. s(now)
--- walk visits a free index from the most remaining usable time down,
--- stopping at the first entry no longer usable, and collects up to count
--- eligible entries: the cost is the candidates examined, not the pool.
-local function walk(key, out)
-  local got, off = 0, 0
-  local batch = math.min(count + math.max(math.floor(count / 2), 8), 1000)
-  while got < count and examined < maxExamined do
-    local ms = redis.call('ZREVRANGEBYSCORE', key, '+inf', floor, 'WITHSCORES', 'LIMIT', off, batch)
-    if #ms == 0 then break end
-    for j = 1, #ms, 2 do
-      local m = ms[j]
-      examined = examined + 1
-      local id = idOf(m)
-      local f = redis.call('HMGET', pkey(id), unpack(SEL))
-      if f[1] and eligible(f, m) then
-        out[#out + 1] = {m = m, id = id, f = f, sc = tonumber(ms[j + 1])}
-        got = got + 1
-        if got >= count then break end
-      end
-      if examined >= maxExamined then break end
+local function source(key, scored)
+  return {key = key, scored = scored, ms = {}, i = 1, off = 0, batch = math.min(count, 1000)}
+end
+local function fetch(src)
+  local key, ms = src.key, nil
+  if src.off == 0 then
+    if src.scored then
+      ms = redis.call('ZREVRANGEBYSCORE', key, '+inf', floor, 'WITHSCORES', 'LIMIT', 0, src.batch)
+    else
+      ms = redis.call('ZREVRANGEBYSCORE', key, '+inf', floor, 'LIMIT', 0, src.batch)
     end
-    off = off + #ms / 2
-    if #ms / 2 < batch then break end
+  else
+    src.usable = src.usable or redis.call('ZCOUNT', key, floor, '+inf')
+    if src.off >= src.usable then return {} end
+    local last = math.min(src.off + src.batch, src.usable) - 1
+    if src.scored then
+      ms = redis.call('ZREVRANGE', key, src.off, last, 'WITHSCORES')
+    else
+      ms = redis.call('ZREVRANGE', key, src.off, last)
+    end
   end
+  local n = src.scored and #ms / 2 or #ms
+  src.done = n < src.batch
+  src.off = src.off + n
+  src.batch = math.min(src.batch * 2, 1000)
+  return ms
+end
+-- head is the source's next member and its score (0 unscored), or nil.
+local function head(src)
+  if src.i > #src.ms then
+    if src.done then return nil end
+    src.ms, src.i = fetch(src), 1
+    if #src.ms == 0 then src.done = true; return nil end
+  end
+  if src.scored then return src.ms[src.i], tonumber(src.ms[src.i + 1]) end
+  return src.ms[src.i], 0
 end
 
-local picked = {}
+local srcs = {}
 if #ups == 0 then
-  walk(GFREE, picked)
+  srcs[1] = source(GFREE, false)
 else
-  for _, up in ipairs(ups) do walk(frkey(up), picked) end
-  if #ups > 1 then
-    -- The best count overall are among each upstream's best count.
-    table.sort(picked, function(a, b)
-      if a.sc ~= b.sc then return a.sc > b.sc end
-      return a.m > b.m
-    end)
-    for i = #picked, count + 1, -1 do picked[i] = nil end
+  for _, up in ipairs(ups) do srcs[#srcs + 1] = source(frkey(up), #ups > 1) end
+end
+local picked, examined = {}, 0
+while #picked < count and examined < maxExamined do
+  -- The best head: highest score, ties the greater member (newest
+  -- admission), the order of each index.
+  local best, bm, bs
+  for _, src in ipairs(srcs) do
+    local m, sc = head(src)
+    if m and (not best or sc > bs or (sc == bs and m > bm)) then best, bm, bs = src, m, sc end
   end
+  if not best then break end
+  best.i = best.i + (best.scored and 2 or 1)
+  examined = examined + 1
+  local id = idOf(bm)
+  local f = read(id, CHECK, SELC)
+  if eligible(f, bm) then picked[#picked + 1] = {m = bm, id = id, f = f} end
 end
 
 if reserve > 0 then
@@ -105,11 +169,13 @@ local function bulk(cmd, key, args)
     redis.call(cmd, key, unpack(args, i, math.min(i + 999, #args)))
   end
 end
-local out, byUp, upNames, all = {}, {}, {}, {}
-local nows = s(now)
+local reply, byUp, upNames, all = {'F'}, {}, {}, {}
+local nows, sextracted = s(now), tostring(EXTRACTED)
 for _, p in ipairs(picked) do
-  local f, up = p.f, p.f[F.up]
-  redis.call('HSET', pkey(p.id), 'st', EXTRACTED, 'xa', nows, 'xc', client)
+  local f = p.f
+  local up, dl = f[UP], f[DL]
+  if #REST > 0 then read(p.id, REST, SELR, f) end
+  redis.call('HSET', pkey(p.id), 'st', sextracted, 'xa', nows, 'xc', client)
   local g = byUp[up]
   if not g then
     g = {ids = {}, ms = {}, moved = {}, slots = 0}
@@ -118,12 +184,12 @@ for _, p in ipairs(picked) do
   end
   g.ids[#g.ids + 1] = p.id
   g.ms[#g.ms + 1] = p.m
-  g.moved[#g.moved + 1] = f[NFIELDS + 2]
+  g.moved[#g.moved + 1] = dl
   g.moved[#g.moved + 1] = p.id
   g.slots = g.slots + slotsOf(p.m)
   all[#all + 1] = p.m
-  f[F.st], f[F.xa], f[F.xc] = tostring(EXTRACTED), nows, client
-  encode(out, f)
+  f[ID], f[ST], f[DL], f[XC] = p.id, sextracted, nows, client
+  reply[#reply + 1] = f
 end
 for _, up in ipairs(upNames) do
   local g = byUp[up]
@@ -136,6 +202,9 @@ for _, up in ipairs(upNames) do
   bulk('ZREM', frkey(up), g.ms)
 end
 if #all > 0 then bulk('ZREM', GFREE, all) end
-local payload = table.concat(out)
-if ikey ~= '' then redis.call('SET', idk, fp .. '\n' .. payload, 'PX', ittl) end
-return {'F', payload}
+if ikey ~= '' then
+  local out = {}
+  for i = 2, #reply do encode(out, reply[i]) end
+  redis.call('SET', idk, fp .. '\n' .. table.concat(out), 'PX', ittl)
+end
+return reply
