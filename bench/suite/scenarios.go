@@ -79,15 +79,7 @@ const (
 )
 
 func (r *Runner) runScenarios(ctx context.Context, p params) error {
-	sims, err := StartSims(r.ps, r.o.Sims, p.upstreams, p.upstreamProcs)
-	if err != nil {
-		return err
-	}
-	r.sims = sims
-	if err := sims.SetVendorProxies(ctx, p.upstreams, ""); err != nil {
-		return err
-	}
-	gw, err := r.startGateway("gateway", p.upstreams, 2*p.upstreams, 0, r.o.Proxypool, nil)
+	gw, err := r.startBase(ctx, p, p.upstreamProcs)
 	if err != nil {
 		return err
 	}
@@ -131,6 +123,20 @@ func (r *Runner) runScenarios(ctx context.Context, p params) error {
 // and target proxies (target above what the vendor has keeps it
 // fetching, so a vendor fault is noticed), and waits for min in its
 // snapshot.
+// startBase starts the simulations (the upstream proxies in procs
+// processes, the vendor handing them out) and the gateway over them.
+func (r *Runner) startBase(ctx context.Context, p params, procs int) (*Gateway, error) {
+	sims, err := StartSims(r.ps, r.o.Sims, p.upstreams, procs)
+	if err != nil {
+		return nil, err
+	}
+	r.sims = sims
+	if err := sims.SetVendorProxies(ctx, p.upstreams, ""); err != nil {
+		return nil, err
+	}
+	return r.startGateway("gateway", p.upstreams, 2*p.upstreams, 0, r.o.Proxypool, nil)
+}
+
 func (r *Runner) startGateway(name string, minimum, target, estimated int, bin string, env []string) (*Gateway, error) {
 	return StartGateway(r.ps, r.o.Dir, GatewayOptions{
 		Name: name, Bin: bin, VendorURL: r.sims.Vendor,
@@ -381,15 +387,7 @@ func (r *Runner) fault(ctx context.Context, p params, gw *Gateway, peak float64)
 // runTunnels is the tunnels scenario on its own (suite "tunnels": the full
 // suite's 10,000 without the rest of it).
 func (r *Runner) runTunnels(ctx context.Context, p params) error {
-	sims, err := StartSims(r.ps, r.o.Sims, p.upstreams, p.upstreamProcs)
-	if err != nil {
-		return err
-	}
-	r.sims = sims
-	if err := sims.SetVendorProxies(ctx, p.upstreams, ""); err != nil {
-		return err
-	}
-	gw, err := r.startGateway("gateway", p.upstreams, 2*p.upstreams, 0, r.o.Proxypool, nil)
+	gw, err := r.startBase(ctx, p, p.upstreamProcs)
 	if err != nil {
 		return err
 	}
