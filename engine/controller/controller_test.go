@@ -179,7 +179,10 @@ func TestControllerLoopVendorToSnapshot(t *testing.T) {
 	wd := startWorld(t, cfg, nil)
 	ctx := context.Background()
 
-	if wd.c.Ready() {
+	// The loop is already running and may publish at once: ready must
+	// never be seen before the worker holds a snapshot with proxies (read
+	// in this order, a later snapshot cannot excuse an early ready).
+	if ready, s := wd.c.Ready(), wd.w.Last(); ready && (s == nil || len(s.Proxies) == 0) {
 		t.Fatal("ready before any proxy was published")
 	}
 	// vendor -> FETCHED -> CHECKING -> AVAILABLE -> published snapshot.
