@@ -31,8 +31,9 @@ var benchUpstreams = []string{"a", "b", "c", "d"}
 // spread over four upstreams and four regions. Extractions run unfiltered
 // (the global free index), with a region filter that one entry in four
 // passes (the requests rotate over the regions, as a mixed clientele
-// would, so the walk stays representative), and limited to two of the
-// four upstreams. The pool is topped up before each run so that it holds
+// would, so the walk stays representative), with every call asking for
+// region eu (the skew that made a walk of a shared index re-read what
+// earlier calls rejected), and limited to two of the four upstreams. The pool is topped up before each run so that it holds
 // the stated size until the run's last batch (pool-entries reports what
 // Redis counted at the start).
 //
@@ -98,6 +99,7 @@ func BenchmarkRedisPool(b *testing.B) {
 				MinRemainingTTL: 5 * time.Minute, MaxHealthCheckAge: time.Hour,
 			}
 		}},
+		{"region=eu", benchUpstreams, func(int) extraction.Filters { return extraction.Filters{Region: "eu"} }},
 		{"upstreams=2", benchUpstreams[1:3], func(int) extraction.Filters { return extraction.Filters{Upstreams: benchUpstreams[1:3]} }},
 	}
 	for _, size := range sizes {

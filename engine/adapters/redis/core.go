@@ -59,8 +59,9 @@ const (
 
 // Options tune the store; zero values take the defaults.
 type Options struct {
-	// Namespace prefixes every key as "{namespace}:", a hash tag that puts
-	// all keys in one cluster slot (the scripts touch many keys at once).
+	// Namespace prefixes every key as "{namespace}:<layout>:"; the braces
+	// are a hash tag that puts all keys in one cluster slot (the scripts
+	// touch many keys at once).
 	// Two fleets, or two tests, sharing a server use two namespaces.
 	Namespace string
 	// OpTimeout bounds every operation, whatever the caller's context.
@@ -169,11 +170,18 @@ func (l clientLog) Printf(ctx context.Context, format string, v ...any) {
 	l.log.DebugContext(ctx, fmt.Sprintf(format, v...), "component", "go-redis")
 }
 
+// layout versions the key layout (keys, index members, hash fields) and
+// is part of every key: a process of another layout works on other keys —
+// a pool of its own, refilled from the providers — instead of misreading
+// these. Bumped on every layout change; 2 added the free indexes per
+// upstream and region, carrier and protocol.
+const layout = "2"
+
 // core is what the Pool and the Coordinator share: the client, the key
 // prefix and the generation this process believes in.
 type core struct {
 	rdb     redis.UniversalClient
-	k       string // "{namespace}:"
+	k       string // "{namespace}:<layout>:"
 	opts    Options
 	gen     atomic.Pointer[string]
 	changes atomic.Uint64
@@ -184,7 +192,7 @@ func newCore(ctx context.Context, rdb redis.UniversalClient, o Options) (*core, 
 	if err := o.defaults(); err != nil {
 		return nil, err
 	}
-	c := &core{rdb: rdb, k: "{" + o.Namespace + "}:", opts: o}
+	c := &core{rdb: rdb, k: "{" + o.Namespace + "}:" + layout + ":", opts: o}
 	ctx, cancel := context.WithTimeout(ctx, o.OpTimeout)
 	defer cancel()
 	g, err := c.ensureGeneration(ctx)

@@ -8,12 +8,16 @@
 // (scored by key expiry, so counts skip what Redis already expired), the
 // AVAILABLE proxies and the unowned AVAILABLE ones (scored by UsableUntil,
 // ties newest admission first), with a running sum of their slots; a
-// global free index serves extractions without an upstream filter.
-// Extraction, inventory and admission therefore cost O(log n + candidates
-// examined), not the pool size. Every mutation is one Lua script (EVALSHA,
-// falling back to EVAL on NOSCRIPT), so a batch extraction — selection with
-// Filters.Eligible's rules, the reserve, partial / allOrNothing, the moves
-// to EXTRACTED and the TTL-bound idempotency result — is atomic.
+// global free index serves extractions without an upstream filter, and
+// free indexes per upstream and region, carrier and protocol (same members
+// and scores) serve filtered ones: such an extraction walks the smallest
+// that applies, so the entries a filter rejects do not pile up ahead of
+// every later call. Extraction, inventory and admission therefore cost
+// O(log n + candidates examined), not the pool size. Every mutation is
+// one Lua script (EVALSHA, falling back to EVAL on NOSCRIPT), so a batch
+// extraction — selection with Filters.Eligible's rules, the reserve,
+// partial / allOrNothing, the moves to EXTRACTED and the TTL-bound
+// idempotency result — is atomic.
 //
 // OwnerLease (GrantOwnerLease, RenewOwnerLease, ReleaseOwnerLease,
 // AssignOwner, ReclaimOwner) fences worker ownership with epochs: a lost
@@ -32,7 +36,15 @@
 // generation is void. Nothing is ever restored from PostgreSQL: providers
 // refill the pool.
 //
-// Keys are "{namespace}:…" (one hash tag, so one cluster slot). Bounds: the
+// Keys are "{namespace}:<layout>:…" (one hash tag, so one cluster slot).
+// The layout number changes with every change to keys, index members or
+// hash fields (2: the attribute free indexes): a process of another layout
+// works on other keys, its own pool refilled from the providers, and never
+// misreads these. To a new layout's processes an upgrade is a lost state
+// (a new generation: leases, permits, ledgers start afresh); during a
+// rolling upgrade old and new processes hold separate pools and fetch
+// leases. Keys of an abandoned layout are not cleaned up: proxy hashes
+// expire, the index sets linger until deleted. Bounds: the
 // client's dial/read/write/pool timeouts, OpTimeout per operation (no
 // operation waits on an unreachable server longer), no client-side retries
 // (a retried extraction would consume twice), MaxExamined candidates per

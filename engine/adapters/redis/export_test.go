@@ -29,7 +29,7 @@ for i = 0, n - 1 do
     'ow', '', 'lc', s(now), 'ls', s(now), 'lat', '0', 'cf', '0', 'xa', '', 'xc', '')
   redis.call('PEXPIREAT', pkey(id), s(dl))
   redis.call('ZADD', skey(up, AVAILABLE), s(dl), id)
-  addAvail(up, m, ARGV[b + 10], '')
+  addAvail(up, m, ARGV[b + 10], '', asufs(ARGV[b + 2], ARGV[b + 12], ARGV[b + 13]))
 end
 redis.call('SADD', K .. 'ups', up)
 return {'OK'}
@@ -99,3 +99,38 @@ func BulkLoadAvailable(ctx context.Context, p *Pool, up, prefix string, n int) e
 	}
 	return nil
 }
+
+// KeyPrefix is the prefix of every key of p: "{namespace}:<layout>:".
+func KeyPrefix(p *Pool) string { return p.k }
+
+// FreeIndexes reads the free indexes of upstream up: its main one and, by
+// key suffix (":r:eu"), every attribute index its fx set lists. Members map
+// to scores.
+func FreeIndexes(ctx context.Context, p *Pool, up string) (main map[string]float64, attr map[string]map[string]float64, err error) {
+	read := func(key string) (map[string]float64, error) {
+		zs, err := p.rdb.ZRangeWithScores(ctx, key, 0, -1).Result()
+		out := make(map[string]float64, len(zs))
+		for _, z := range zs {
+			out[z.Member.(string)] = z.Score
+		}
+		return out, err
+	}
+	fr := p.k + "u:" + up + ":fr"
+	if main, err = read(fr); err != nil {
+		return nil, nil, err
+	}
+	keys, err := p.rdb.SMembers(ctx, p.k+"u:"+up+":fx").Result()
+	if err != nil {
+		return nil, nil, err
+	}
+	attr = make(map[string]map[string]float64, len(keys))
+	for _, k := range keys {
+		if attr[k[len(fr):]], err = read(k); err != nil {
+			return nil, nil, err
+		}
+	}
+	return main, attr, nil
+}
+
+// MemberID is the proxy ID an index member ends with (lua/lib.lua member).
+func MemberID(m string) proxy.ID { return proxy.ID(m[24:]) }

@@ -485,5 +485,5 @@ func (p *Pool) Sweep(ctx context.Context) (SweepResult, error) {
 
 var _ activitypool.Pool = (*Pool)(nil)
 
-// Namespace is the key namespace (keys are "{namespace}:…").
+// Namespace is the key namespace (keys are "{namespace}:<layout>:…").
 func (p *Pool) Namespace() string { return p.opts.Namespace }

@@ -49,7 +49,7 @@ func TestPoolSemantics(t *testing.T) {
 		now := time.Now()
 		x := px("ttl", now, 10*time.Minute) // ExpiresAt now+11m
 		id := available(t, p, "a", x)[0]
-		ttl, err := rdb.PTTL(ctx, "{"+p.Namespace()+"}:p:"+string(id)).Result()
+		ttl, err := rdb.PTTL(ctx, redisstore.KeyPrefix(p)+"p:"+string(id)).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -114,11 +114,17 @@ func TestPoolSemantics(t *testing.T) {
 	t.Run("ExaminedBound", func(t *testing.T) {
 		p := newPool(t, rdb, redisstore.Options{MaxExamined: 10})
 		now := time.Now()
-		available(t, p, "a", batch("us", 20, now)...)
+		// MinRemainingTTL has no index of its own (a region filter would
+		// walk the region's): the 20 walked first expire too soon.
+		ahead := batch("us", 20, now)
+		for i := range ahead {
+			ahead[i].UsableUntil, ahead[i].ExpiresAt = now.Add(40*time.Minute), now.Add(41*time.Minute)
+		}
+		available(t, p, "a", ahead...)
 		target := px("target", now, 30*time.Minute) // walked last
-		target.Region = "zz"
+		target.ExpiresAt = now.Add(3 * time.Hour)
 		available(t, p, "a", target)
-		res, err := p.Extract(ctx, extraction.Request{Client: "c", Count: 1, Fulfillment: extraction.Partial, Filters: extraction.Filters{Region: "zz"}, Now: now})
+		res, err := p.Extract(ctx, extraction.Request{Client: "c", Count: 1, Fulfillment: extraction.Partial, Filters: extraction.Filters{MinRemainingTTL: time.Hour}, Now: now})
 		if err != nil || res.Returned != 0 {
 			t.Fatalf("extraction past MaxExamined %+v, %v; want it to stop", res, err)
 		}

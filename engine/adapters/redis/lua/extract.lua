@@ -128,8 +128,22 @@ local function head(src)
   return src.ms[src.i], 0
 end
 
-local srcs = {}
-if #ups == 0 then
+-- With a protocol, region or carrier filter the walk goes over the
+-- attribute free index that applies with the fewest members (summed over
+-- the upstreams asked, or all), so what it examines are entries that
+-- match that filter; the others are still checked per candidate.
+local srcs, upl = {}, ups
+local sufs = asufs(proto, region, carrier)
+if #sufs > 0 then
+  if #upl == 0 then upl = redis.call('SMEMBERS', K .. 'ups') end
+  local suf, least
+  for _, x in ipairs(sufs) do
+    local n = 0
+    for _, up in ipairs(upl) do n = n + redis.call('ZCARD', frkey(up) .. x) end
+    if not least or n < least then suf, least = x, n end
+  end
+  for _, up in ipairs(upl) do srcs[#srcs + 1] = source(frkey(up) .. suf, #upl > 1) end
+elseif #ups == 0 then
   srcs[1] = source(GFREE, false)
 else
   for _, up in ipairs(ups) do srcs[#srcs + 1] = source(frkey(up), #ups > 1) end
@@ -178,7 +192,7 @@ for _, p in ipairs(picked) do
   redis.call('HSET', pkey(p.id), 'st', sextracted, 'xa', nows, 'xc', client)
   local g = byUp[up]
   if not g then
-    g = {ids = {}, ms = {}, moved = {}, slots = 0}
+    g = {ids = {}, ms = {}, moved = {}, slots = 0, attr = {}}
     byUp[up] = g
     upNames[#upNames + 1] = up
   end
@@ -187,6 +201,11 @@ for _, p in ipairs(picked) do
   g.moved[#g.moved + 1] = dl
   g.moved[#g.moved + 1] = p.id
   g.slots = g.slots + slotsOf(p.m)
+  for _, x in ipairs(asufs(f[SC], f[RG], f[CR])) do
+    local a = g.attr[x]
+    if not a then a = {}; g.attr[x] = a end
+    a[#a + 1] = p.m
+  end
   all[#all + 1] = p.m
   f[ID], f[ST], f[DL], f[XC] = p.id, sextracted, nows, client
   reply[#reply + 1] = f
@@ -200,6 +219,7 @@ for _, up in ipairs(upNames) do
   bulk('ZREM', avkey(up), g.ms)
   redis.call('DECRBY', sskey(up), g.slots)
   bulk('ZREM', frkey(up), g.ms)
+  for x, ms in pairs(g.attr) do bulk('ZREM', frkey(up) .. x, ms) end
 end
 if #all > 0 then bulk('ZREM', GFREE, all) end
 if ikey ~= '' then

@@ -1,5 +1,5 @@
 -- Shared prologue of every script (prepended by scripts.go).
--- ARGV[1] is the key prefix including the hash tag ("{proxypool}:"),
+-- ARGV[1] is the key prefix including the hash tag ("{proxypool}:2:"),
 -- ARGV[2] the generation the caller believes in. Every key is derived from
 -- the prefix, so all of them live in one cluster slot; KEYS[1] is the
 -- generation key, declared for routing.
@@ -41,42 +41,79 @@ local function member(seq, slots, id) return string.format('%016x%08x', seq, slo
 local function idOf(m) return string.sub(m, 25) end
 local function slotsOf(m) return tonumber(string.sub(m, 17, 24), 16) end
 
--- addAvail enters an AVAILABLE entry in its upstream's AVAILABLE index
--- (with its slots in the running sum) and, when unowned, in the free
--- indexes extraction walks.
-local function addAvail(up, m, uu, owner)
-  redis.call('ZADD', avkey(up), uu, m)
-  redis.call('INCRBY', sskey(up), slotsOf(m))
-  if owner == '' then
-    redis.call('ZADD', frkey(up), uu, m)
-    redis.call('ZADD', GFREE, uu, m)
+local function fxkey(up) return K .. 'u:' .. up .. ':fx' end
+
+-- An unowned AVAILABLE entry is also in a free index per attribute of its
+-- upstream — region, carrier, scheme, each when set — so that a filtered
+-- extraction walks the entries that match instead of re-reading the ones
+-- that do not. asufs gives the suffixes of those keys (after frkey(up));
+-- fxkey(up) is the set of the attribute index keys in use, for Sweep.
+local function asufs(sc, rg, cr)
+  local t = {}
+  if rg and rg ~= '' then t[#t + 1] = ':r:' .. rg end
+  if cr and cr ~= '' then t[#t + 1] = ':c:' .. cr end
+  if sc and sc ~= '' then t[#t + 1] = ':p:' .. sc end
+  return t
+end
+-- An entry's attributes, read with HMGET sc rg cr.
+local ATTRS = {'sc', 'rg', 'cr'}
+
+-- freeAdd and freeDel enter and drop an entry in every free index: its
+-- upstream's, the global one and its upstream's per attribute; a is the
+-- entry's asufs.
+local function freeAdd(up, m, uu, a)
+  redis.call('ZADD', frkey(up), uu, m)
+  redis.call('ZADD', GFREE, uu, m)
+  for _, suf in ipairs(a) do
+    local k = frkey(up) .. suf
+    if redis.call('ZADD', k, uu, m) == 1 and redis.call('ZCARD', k) == 1 then redis.call('SADD', fxkey(up), k) end
   end
 end
 
-local function delAvail(up, m)
-  if redis.call('ZREM', avkey(up), m) == 1 then redis.call('DECRBY', sskey(up), slotsOf(m)) end
+local function freeDel(up, m, a)
   redis.call('ZREM', frkey(up), m)
   redis.call('ZREM', GFREE, m)
+  for _, suf in ipairs(a) do redis.call('ZREM', frkey(up) .. suf, m) end
+end
+
+-- addAvail enters an AVAILABLE entry in its upstream's AVAILABLE index
+-- (with its slots in the running sum) and, when unowned, in the free
+-- indexes extraction walks.
+local function addAvail(up, m, uu, owner, a)
+  redis.call('ZADD', avkey(up), uu, m)
+  redis.call('INCRBY', sskey(up), slotsOf(m))
+  if owner == '' then freeAdd(up, m, uu, a) end
+end
+
+local function delAvail(up, m, a)
+  if redis.call('ZREM', avkey(up), m) == 1 then redis.call('DECRBY', sskey(up), slotsOf(m)) end
+  freeDel(up, m, a)
 end
 
 -- delEntry deletes a proxy and every index entry it has.
 local function delEntry(id, st, up, m, ow)
   redis.call('ZREM', skey(up, st), id)
-  if st == AVAILABLE then delAvail(up, m) end
+  if st == AVAILABLE then
+    local a = redis.call('HMGET', pkey(id), unpack(ATTRS))
+    delAvail(up, m, asufs(a[1], a[2], a[3]))
+  end
   if ow and ow ~= '' then redis.call('SREM', owkey(ow), id) end
   redis.call('DEL', pkey(id))
 end
 
--- move changes the state of an entry read with HMGET st up m ow dl uu mc.
+-- move changes the state of an entry read with HMGET CORE.
 local function move(id, e, to)
   local st, up, m, ow, dl = tonumber(e[1]), e[2], e[3], e[4], e[5]
   redis.call('ZREM', skey(up, st), id)
   redis.call('ZADD', skey(up, to), dl, id)
   redis.call('HSET', pkey(id), 'st', to)
-  if st == AVAILABLE then delAvail(up, m) end
-  if to == AVAILABLE then addAvail(up, m, e[6], ow or '') end
+  if st == AVAILABLE or to == AVAILABLE then
+    local a = asufs(e[7], e[8], e[9])
+    if st == AVAILABLE then delAvail(up, m, a) end
+    if to == AVAILABLE then addAvail(up, m, e[6], ow or '', a) end
+  end
 end
-local CORE = {'st', 'up', 'm', 'ow', 'dl', 'uu'}
+local CORE = {'st', 'up', 'm', 'ow', 'dl', 'uu', 'sc', 'rg', 'cr'}
 
 -- Every field of a proxy hash, in the order the Go decoder expects.
 local FIELDS = {'id', 'sc', 'h', 'po', 'un', 'cv', 'pw', 'up', 'ca', 'ex', 'uu', 'lc', 'ls', 'lat', 'mc', 'st', 'cf', 'rg', 'cr', 'tg', 'ow', 'xa', 'xc'}

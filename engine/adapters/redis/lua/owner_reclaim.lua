@@ -8,12 +8,9 @@ if l[1] and num(l[2]) > nowus() then return {'HELD'} end
 local cleared = {}
 local ids = redis.call('SPOP', owkey(w), tonumber(ARGV[4]))
 for _, id in ipairs(ids) do
-  local e = redis.call('HMGET', pkey(id), 'st', 'up', 'm', 'ow', 'uu')
+  local e = redis.call('HMGET', pkey(id), 'st', 'up', 'm', 'ow', 'uu', 'sc', 'rg', 'cr')
   if e[1] and e[4] == w then
-    if tonumber(e[1]) == AVAILABLE then
-      redis.call('ZADD', frkey(e[2]), e[5], e[3])
-      redis.call('ZADD', GFREE, e[5], e[3])
-    end
+    if tonumber(e[1]) == AVAILABLE then freeAdd(e[2], e[3], e[5], asufs(e[6], e[7], e[8])) end
     redis.call('HSET', pkey(id), 'ow', '')
     cleared[#cleared + 1] = id
   end

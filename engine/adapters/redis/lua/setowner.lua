@@ -16,15 +16,13 @@ for i = 6, #ARGV do
 end
 for i = 6, #ARGV do
   local id = ARGV[i]
-  local e = redis.call('HMGET', pkey(id), 'st', 'up', 'm', 'ow', 'uu')
+  local e = redis.call('HMGET', pkey(id), 'st', 'up', 'm', 'ow', 'uu', 'sc', 'rg', 'cr')
   if e[4] ~= owner then
     if tonumber(e[1]) == AVAILABLE then
       if owner == '' then
-        redis.call('ZADD', frkey(e[2]), e[5], e[3])
-        redis.call('ZADD', GFREE, e[5], e[3])
+        freeAdd(e[2], e[3], e[5], asufs(e[6], e[7], e[8]))
       elseif e[4] == '' then
-        redis.call('ZREM', frkey(e[2]), e[3])
-        redis.call('ZREM', GFREE, e[3])
+        freeDel(e[2], e[3], asufs(e[6], e[7], e[8]))
       end
     end
     if e[4] ~= '' then redis.call('SREM', owkey(e[4]), id) end

@@ -2,7 +2,7 @@
 -- do: drop ids of server-expired entries from the state indexes, delete
 -- REMOVED entries (as the embedded Sweep does), drop index members whose
 -- entry expired server-side (correcting the slot sums) and forget emptied
--- upstreams. Returns removed, ghosts dropped.
+-- upstreams. Returns removed, ghosts dropped (of the AVAILABLE indexes).
 local bad = genmismatch(); if bad then return bad end
 local limit = tonumber(ARGV[3])
 local now = nowus()
@@ -24,14 +24,24 @@ for _, up in ipairs(redis.call('SMEMBERS', K .. 'ups')) do
   end
   for _, m in ipairs(redis.call('ZRANGEBYSCORE', avkey(up), '-inf', s(now), 'LIMIT', 0, limit)) do
     if redis.call('HGET', pkey(idOf(m)), 'm') ~= m then
-      delAvail(up, m)
+      -- Its attributes went with the key: the attribute indexes are
+      -- swept below, each on its own.
+      delAvail(up, m, {})
       ghosts = ghosts + 1
     end
+  end
+  local fx = fxkey(up)
+  for _, k in ipairs(redis.call('SMEMBERS', fx)) do
+    for _, m in ipairs(redis.call('ZRANGEBYSCORE', k, '-inf', s(now), 'LIMIT', 0, limit)) do
+      if redis.call('HGET', pkey(idOf(m)), 'm') ~= m then redis.call('ZREM', k, m) end
+    end
+    if redis.call('EXISTS', k) == 0 then redis.call('SREM', fx, k) end
   end
   for st = 1, 9 do live = live + redis.call('ZCARD', skey(up, st)) end
   if live == 0 and redis.call('ZCARD', avkey(up)) == 0 then
     redis.call('SREM', K .. 'ups', up)
-    redis.call('DEL', sskey(up), frkey(up))
+    for _, k in ipairs(redis.call('SMEMBERS', fx)) do redis.call('DEL', k) end
+    redis.call('DEL', sskey(up), frkey(up), fx)
   end
 end
 return {'OK', removed, ghosts}
