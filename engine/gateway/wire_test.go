@@ -394,3 +394,22 @@ func TestDrainLetsRequestsFinish(t *testing.T) {
 	}
 	h.served <- nil // for the cleanup
 }
+
+// An upstream whose Connection header names Content-Length must not make
+// the gateway drop the framing of a response it keeps alive: the client
+// would read until close and merge the next response into this body.
+func TestConnectionListedContentLengthKeepsFraming(t *testing.T) {
+	h := start(t, "")
+	scriptedUpstream(t, h, false, always("HTTP/1.1 200 OK\r\nConnection: Content-Length\r\nContent-Length: 5\r\n\r\nhello"))
+	c, br := h.dial(t)
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	for i := range 2 {
+		if _, err := io.WriteString(c, "GET http://127.0.0.1:9/ HTTP/1.1\r\nHost: 127.0.0.1:9\r\n\r\n"); err != nil {
+			t.Fatal(err)
+		}
+		resp, body := readAll(t, br, "GET")
+		if resp.ContentLength != 5 || body != "hello" || resp.Close {
+			t.Fatalf("response %d: length %d, body %q, close %v", i, resp.ContentLength, body, resp.Close)
+		}
+	}
+}

@@ -68,11 +68,19 @@ func appendOutbound(dst []byte, r *h1.Request, authority []byte, sticky string) 
 }
 
 // appendResponseFields appends the end-to-end fields of an upstream
-// response; Content-Length is kept only when it frames the body we send.
+// response; Content-Length is kept exactly when it frames the body we send,
+// whatever Connection lists (dropping it there would leave the client a
+// kept-alive response without framing).
 func appendResponseFields(dst []byte, r *h1.Response, keepLength bool) []byte {
 	for i := range r.Fields {
 		f := &r.Fields[i]
-		if hopByHop(f.Name) || (!keepLength && isContentLength(f.Name)) || (r.Listed && h1.ListedBy(r.Fields, f.Name)) {
+		if isContentLength(f.Name) {
+			if keepLength {
+				dst = appendField(dst, f.Name, f.Value)
+			}
+			continue
+		}
+		if hopByHop(f.Name) || (r.Listed && h1.ListedBy(r.Fields, f.Name)) {
 			continue
 		}
 		dst = appendField(dst, f.Name, f.Value)

@@ -102,8 +102,12 @@ func (t *Transport) take(hp *hostPool, now time.Time) *pconn {
 
 // staleProbeAfter is the idle time after which a kept connection is probed
 // before use: upstreams close idle connections on their own schedule, and
-// a request with a body sent into a closed one could not be replayed.
-var staleProbeAfter = time.Second
+// a request with a body sent into a closed one could not be replayed. It
+// is zero — every reuse is probed, one non-blocking peek — because a
+// connection may also hold bytes the upstream sent after its last
+// response (a sloppy proxy relaying a target's extra answer): without the
+// probe they would be read as the next client's response.
+var staleProbeAfter time.Duration
 
 // put keeps pc idle within the bounds, or closes it.
 func (t *Transport) put(pc *pconn) {

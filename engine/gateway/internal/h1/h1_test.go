@@ -77,6 +77,13 @@ func TestParseRequest(t *testing.T) {
 		r.Chunked || r.KeepAlive || !r.ExpectContinue || !r.Listed || r.Count != 5 {
 		t.Fatalf("parsed %+v", r)
 	}
+	var r10 Request
+	if err := ParseRequest([]byte("POST http://a/ HTTP/1.0\r\nContent-Length: 1\r\nExpect: 100-continue\r\n\r\n"), &r10, 10); err != nil {
+		t.Fatal(err)
+	}
+	if r10.ExpectContinue {
+		t.Fatal("an HTTP/1.0 client must never be sent 100 Continue")
+	}
 	if v, ok := r.Get("x-a"); !ok || string(v) != "v" {
 		t.Fatalf("X-A = %q %v", v, ok)
 	}

@@ -165,7 +165,8 @@ func ParseRequest(head []byte, r *Request, maxFields int) error {
 		r.ContentLength = f.length
 	}
 	r.KeepAlive = !f.close && (minor == 1 || f.keep)
-	r.ExpectContinue, r.Listed = f.expect, f.listed
+	// 100 Continue is never sent to an HTTP/1.0 client (RFC 9110 §10.1.1).
+	r.ExpectContinue, r.Listed = f.expect && minor == 1, f.listed
 	return nil
 }
 
