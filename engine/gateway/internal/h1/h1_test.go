@@ -145,7 +145,8 @@ func TestParseResponse(t *testing.T) {
 		}
 	}
 	for _, head := range []string{"HTTP/1.1 20 OK\r\n\r\n", "HTTP/1.1 200OK\r\n\r\n", "ICY 200 OK\r\n\r\n",
-		"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", "HTTP/1.1 200 OK\r\n X: folded\r\n\r\n"} {
+		"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", "HTTP/1.1 200 OK\r\n X: folded\r\n\r\n",
+		"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n"} {
 		if err := ParseResponse([]byte(head), &r, 10); err == nil {
 			t.Errorf("%q accepted", head)
 		}

@@ -54,6 +54,10 @@ var (
 	ErrLengthAndTE   = &Error{Kind: KindFraming, Status: 400, msg: "Transfer-Encoding with Content-Length"}
 	ErrTE10          = &Error{Kind: KindFraming, Status: 400, msg: "Transfer-Encoding in an HTTP/1.0 message"}
 	ErrTEUnsupported = &Error{Kind: KindFraming, Status: 501, msg: "transfer coding other than a single chunked"}
+	// ErrTERepeated: a response with more than one Transfer-Encoding line.
+	// Combining them is legal but no sane upstream needs it, and relaying
+	// one line while reading by another is how desyncs start.
+	ErrTERepeated = &Error{Kind: KindFraming, Status: 502, msg: "repeated Transfer-Encoding in response"}
 )
 
 // Request is a parsed request head. Its slices point into the head.
@@ -248,11 +252,14 @@ func ParseResponse(head []byte, r *Response, maxFields int) error {
 		return ErrFieldLine
 	}
 	r.ContentLength, r.Chunked, r.TE = -1, false, nil
+	if f.te > 1 {
+		return ErrTERepeated
+	}
 	if f.te > 0 {
 		// RFC 9112 §6.3: chunked last means chunked framing, whatever
 		// Content-Length says; any other coding is read until close.
 		r.TE = f.teLast
-		r.Chunked = f.te == 1 && lastToken(f.teLast, "chunked")
+		r.Chunked = lastToken(f.teLast, "chunked")
 	} else if f.lengthRaw != nil {
 		r.ContentLength = f.length
 	}
