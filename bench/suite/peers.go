@@ -23,7 +23,10 @@ type peerParams struct {
 	upstreams, rounds   int
 	http, connect, bulk time.Duration
 	bulkBytes           int
+	only                map[string]bool // nil: every comparison
 }
+
+func (p peerParams) runs(what string) bool { return p.only == nil || p.only[what] }
 
 var peersParams = peerParams{upstreams: 20, rounds: 5, http: 8 * time.Second, connect: 5 * time.Second, bulk: 5 * time.Second, bulkBytes: 16 << 20}
 
@@ -126,7 +129,70 @@ func (r *Runner) runPeers(ctx context.Context, p peerParams) error {
 	}
 	fmt.Fprintf(r.o.Out, "# peers: %d rounds, each running every system in turn (A B C D E, A B C D E, ...); figures are medians\n", p.rounds)
 
-	// HTTP: 64 keep-alive clients, 1 KiB responses, closed loop.
+	if p.runs("http") {
+		if err := r.peersHTTP(ctx, p, peers); err != nil {
+			return err
+		}
+	}
+	// CONNECT setup: a new tunnel per request.
+	connRes := map[string][]*loadgen.Result{}
+	bulkRes := map[string][]*loadgen.Result{}
+	for round := range p.rounds {
+		for _, pe := range peers {
+			if !p.runs("connect") {
+				break
+			}
+			res, err := r.load(ctx, fmt.Sprintf("peers-connect-%s-%d", pe.name, round+1), r.peerArgs(pe,
+				"-mode", "connect", "-c", clients, "-d", dur(p.connect), r.targetURL(responseBytes))...)
+			if err != nil {
+				return err
+			}
+			connRes[pe.name] = append(connRes[pe.name], res)
+		}
+		for _, pe := range peers {
+			if !p.runs("bulk") {
+				break
+			}
+			if pe.name == "tinyproxy" {
+				continue // bulk is compared with Squid; tinyproxy would only lengthen the run
+			}
+			res, err := r.load(ctx, fmt.Sprintf("peers-bulk-%s-%d", pe.name, round+1), r.peerArgs(pe,
+				"-mode", "tunnels", "-tunnels", "1", "-d", dur(p.bulk), "-timeout", "60s", r.targetURL(p.bulkBytes))...)
+			if err != nil {
+				return err
+			}
+			bulkRes[pe.name] = append(bulkRes[pe.name], res)
+		}
+	}
+	gwConn := median(connRes["gateway"], func(x *loadgen.Result) float64 { return x.Throughput })
+	for _, pe := range peers {
+		rs, ok := connRes[pe.name]
+		if !ok {
+			continue
+		}
+		rate := median(rs, func(x *loadgen.Result) float64 { return x.Throughput })
+		r.fig(Figure{Scenario: "peers-connect", Name: pe.name + ": new tunnels/s", Value: rate, Unit: "/s", Note: ratioNote(pe.name, gwConn, rate, "gateway/"+pe.name)})
+		r.fig(Figure{Scenario: "peers-connect", Name: pe.name + ": setup p99", Value: median(rs, func(x *loadgen.Result) float64 {
+			if x.Setup == nil {
+				return 0
+			}
+			return x.Setup.P99
+		}), Unit: "ms"})
+	}
+	gwBulk := median(bulkRes["gateway"], func(x *loadgen.Result) float64 { return x.BytesPerS })
+	for _, pe := range peers {
+		rs, ok := bulkRes[pe.name]
+		if !ok {
+			continue
+		}
+		v := median(rs, func(x *loadgen.Result) float64 { return x.BytesPerS })
+		r.fig(Figure{Scenario: "peers-bulk", Name: pe.name + ": one tunnel, 16 MiB responses", Value: v / 1e6, Unit: "MB/s", Note: ratioNote(pe.name, gwBulk, v, "gateway/"+pe.name)})
+	}
+	return nil
+}
+
+// peersHTTP compares plain HTTP: 64 keep-alive clients, 1 KiB responses, closed loop.
+func (r *Runner) peersHTTP(ctx context.Context, p peerParams, peers []peer) error {
 	httpRes := map[string][]*loadgen.Result{}
 	for round := range p.rounds {
 		for _, pe := range peers {
@@ -166,51 +232,6 @@ func (r *Runner) runPeers(ctx context.Context, p peerParams) error {
 		}), Unit: "%", Note: "100% = one core"})
 	}
 
-	// CONNECT setup: a new tunnel per request.
-	connRes := map[string][]*loadgen.Result{}
-	bulkRes := map[string][]*loadgen.Result{}
-	for round := range p.rounds {
-		for _, pe := range peers {
-			res, err := r.load(ctx, fmt.Sprintf("peers-connect-%s-%d", pe.name, round+1), r.peerArgs(pe,
-				"-mode", "connect", "-c", clients, "-d", dur(p.connect), r.targetURL(responseBytes))...)
-			if err != nil {
-				return err
-			}
-			connRes[pe.name] = append(connRes[pe.name], res)
-		}
-		for _, pe := range peers {
-			if pe.name == "tinyproxy" {
-				continue // bulk is compared with Squid; tinyproxy would only lengthen the run
-			}
-			res, err := r.load(ctx, fmt.Sprintf("peers-bulk-%s-%d", pe.name, round+1), r.peerArgs(pe,
-				"-mode", "tunnels", "-tunnels", "1", "-d", dur(p.bulk), "-timeout", "60s", r.targetURL(p.bulkBytes))...)
-			if err != nil {
-				return err
-			}
-			bulkRes[pe.name] = append(bulkRes[pe.name], res)
-		}
-	}
-	gwConn := median(connRes["gateway"], func(x *loadgen.Result) float64 { return x.Throughput })
-	for _, pe := range peers {
-		rs := connRes[pe.name]
-		rate := median(rs, func(x *loadgen.Result) float64 { return x.Throughput })
-		r.fig(Figure{Scenario: "peers-connect", Name: pe.name + ": new tunnels/s", Value: rate, Unit: "/s", Note: ratioNote(pe.name, gwConn, rate, "gateway/"+pe.name)})
-		r.fig(Figure{Scenario: "peers-connect", Name: pe.name + ": setup p99", Value: median(rs, func(x *loadgen.Result) float64 {
-			if x.Setup == nil {
-				return 0
-			}
-			return x.Setup.P99
-		}), Unit: "ms"})
-	}
-	gwBulk := median(bulkRes["gateway"], func(x *loadgen.Result) float64 { return x.BytesPerS })
-	for _, pe := range peers {
-		rs, ok := bulkRes[pe.name]
-		if !ok {
-			continue
-		}
-		v := median(rs, func(x *loadgen.Result) float64 { return x.BytesPerS })
-		r.fig(Figure{Scenario: "peers-bulk", Name: pe.name + ": one tunnel, 16 MiB responses", Value: v / 1e6, Unit: "MB/s", Note: ratioNote(pe.name, gwBulk, v, "gateway/"+pe.name)})
-	}
 	return nil
 }
 

@@ -30,6 +30,11 @@ type Options struct {
 	Proxypool, Loadgen, Sims, PprofProxypool string
 	// Out receives one line per figure; Log the progress.
 	Out, Log io.Writer
+	// PeersOnly, for the peers suite, names the comparisons to run (any
+	// of http, connect, bulk); empty runs all three. PeersRounds, if
+	// positive, replaces the default 5 rounds.
+	PeersOnly   []string
+	PeersRounds int
 }
 
 // Figure is one measured (or stated) number.
@@ -94,7 +99,20 @@ func Run(ctx context.Context, o Options) error {
 	case "tunnels":
 		err = r.runTunnels(ctx, fullParams)
 	case "peers":
-		err = r.runPeers(ctx, peersParams)
+		p := peersParams
+		if o.PeersRounds > 0 {
+			p.rounds = o.PeersRounds
+		}
+		if len(o.PeersOnly) > 0 {
+			p.only = map[string]bool{}
+			for _, k := range o.PeersOnly {
+				if k != "http" && k != "connect" && k != "bulk" {
+					return fmt.Errorf("peers comparison %q: want http, connect or bulk", k)
+				}
+				p.only[k] = true
+			}
+		}
+		err = r.runPeers(ctx, p)
 	default:
 		err = fmt.Errorf("unknown suite %q: want quick, full, tunnels or peers", o.Suite)
 	}

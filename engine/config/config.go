@@ -207,6 +207,9 @@ type Gateway struct {
 	Limits         GatewayLimits `yaml:"limits"`
 	// MaxStaleAge stops new traffic when no snapshot arrived for this long.
 	MaxStaleAge time.Duration `yaml:"maxStaleAge"`
+	// TunnelSplice copies CONNECT tunnels with splice(2) through pooled
+	// pipes (Linux) instead of through buffers.
+	TunnelSplice bool `yaml:"tunnelSplice"`
 }
 
 // GatewayLimits bounds every resource a client can hold.

@@ -663,3 +663,47 @@ func TestStrictModeRefusesOpenListener(t *testing.T) {
 		})
 	}
 }
+
+// Tunnels are copied through buffers by default, and with splice once a
+// reload sets gateway.tunnelSplice; both carry every byte.
+func TestTunnelCopyModes(t *testing.T) {
+	h := start(t, "")
+	h.apply(t, snapshotOf(1, gwtest.Upstreams(t, 1, upUser, upPass)...))
+	echo := gwtest.NewEchoServer(t)
+	payload := strings.Repeat("proxypool", 1<<19) // 4.5 MiB: bulk, not a ping-pong
+	through := func(t *testing.T) {
+		t.Helper()
+		conn, br := connect(t, h.addr, echo, "")
+		defer conn.Close()
+		go func() {
+			_, _ = io.WriteString(conn, payload)
+			_ = conn.(*net.TCPConn).CloseWrite()
+		}()
+		got, err := io.ReadAll(br)
+		if err != nil || string(got) != payload {
+			t.Fatalf("echoed %d bytes (%v), want the %d sent", len(got), err, len(payload))
+		}
+		h.idle(t)
+	}
+
+	pipes := h.metric(t, "proxypool_gateway_relay_pipes")
+	through(t)
+	if n := h.metric(t, "proxypool_gateway_relay_large_buffers"); n < 1 {
+		t.Errorf("relay_large_buffers = %v after a bulk tunnel copied through buffers", n)
+	}
+	if n := h.metric(t, "proxypool_gateway_relay_pipes"); n != pipes {
+		t.Errorf("relay_pipes went %v → %v without tunnelSplice", pipes, n)
+	}
+
+	cfg, err := config.Parse([]byte(baseConfig + "  tunnelSplice: true\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.g.UpdateConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	through(t)
+	if n := h.metric(t, "proxypool_gateway_relay_pipes"); n < 1 {
+		t.Errorf("relay_pipes = %v after a tunnel with tunnelSplice", n)
+	}
+}

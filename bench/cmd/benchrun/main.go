@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/proxypool/proxypool/bench/suite"
@@ -24,7 +25,12 @@ func main() {
 	flag.StringVar(&o.Loadgen, "loadgen", "bin/proxy-loadgen", "the load generator")
 	flag.StringVar(&o.Sims, "sims", "bin/simupstreams", "the simulations")
 	flag.StringVar(&o.PprofProxypool, "pprof-proxypool", "", "the appliance built with pprof (full suite: profile it)")
+	only := flag.String("peers-only", "", "peers suite: comma-separated comparisons to run (http, connect, bulk); empty runs all")
+	flag.IntVar(&o.PeersRounds, "peers-rounds", 0, "peers suite: rounds instead of the default 5")
 	flag.Parse()
+	if *only != "" {
+		o.PeersOnly = strings.Split(*only, ",")
+	}
 	o.Out, o.Log = os.Stdout, os.Stderr
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

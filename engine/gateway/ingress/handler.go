@@ -65,7 +65,15 @@ type Policy struct {
 	Guard          *netguard.Guard
 	MaxHeaderCount int
 	rates          *clientRates
+	relay          *relay.Pool // copies tunnels: gateway.tunnelSplice picks
 }
+
+// The two ways of copying tunnels, shared by every Handler of the process
+// so their bounds are the process's: buffers (the default pool) or splice.
+var (
+	bufferRelay = relay.NewPool(relay.Options{})
+	spliceRelay = relay.NewPool(relay.Options{Splice: true})
+)
 
 // NewPolicy builds the policy of cfg's gateway and security sections.
 // resolver nil means net.DefaultResolver.
@@ -98,7 +106,15 @@ func NewPolicy(cfg *config.Config, resolver netguard.Resolver) (*Policy, error) 
 	return &Policy{
 		Auth: au, challenge: challenge(au.Schemes()), Allow: allow, Trusted: trusted, Guard: guard,
 		MaxHeaderCount: n, rates: newClientRates(gw.Limits.RequestsPerSecond),
+		relay: pickRelay(gw.TunnelSplice),
 	}, nil
+}
+
+func pickRelay(splice bool) *relay.Pool {
+	if splice {
+		return spliceRelay
+	}
+	return bufferRelay
 }
 
 // Options build a Handler.
@@ -671,7 +687,7 @@ func (h *Handler) tunnel(c *conn, tun *transport.Tunnel, release func(worker.Out
 	// An idle tunnel holds no buffer of ours.
 	c.releaseBuffers()
 	h.m.tunnelsActive.Inc()
-	up, down := pipe(client, upstream)
+	up, down := pipe(h.policy.Load().relay, client, upstream)
 	h.m.tunnelsActive.Dec()
 	h.m.bytesUp.Add(float64(up))
 	h.m.bytesDown.Add(float64(down))
@@ -680,11 +696,14 @@ func (h *Handler) tunnel(c *conn, tun *transport.Tunnel, release func(worker.Out
 }
 
 // pipe copies both ways between two raw connections (normally
-// *net.TCPConn, which relay splices holding no pipe while idle). A clean
-// end of one direction is passed on as a half-close; an error in either
-// tears both down.
-func pipe(client, upstream io.ReadWriteCloser) (up, down int64) {
-	up, down, _ = relay.Copy(client, upstream)
+// *net.TCPConn, which relay copies holding no buffer or pipe while idle).
+// A clean end of one direction is passed on as a half-close; an error in
+// either tears both down.
+func pipe(rp *relay.Pool, client, upstream io.ReadWriteCloser) (up, down int64) {
+	if rp == nil { // a Policy built by hand, in tests
+		rp = bufferRelay
+	}
+	up, down, _ = rp.Copy(client, upstream)
 	return up, down
 }
 

@@ -4,6 +4,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/proxypool/proxypool/engine/domain/worker"
+	"github.com/proxypool/proxypool/engine/gateway/relay"
 )
 
 type methodClass uint8
@@ -83,8 +84,9 @@ type metrics struct {
 	direct           prometheus.Counter
 }
 
+const ns, sub = "proxypool", "gateway"
+
 func newMetrics(reg prometheus.Registerer) *metrics {
-	const ns, sub = "proxypool", "gateway"
 	requests := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: ns, Subsystem: sub, Name: "requests_total",
 		Help: "Client requests by method class and result.",
@@ -157,6 +159,36 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	if reg != nil {
 		reg.MustRegister(requests, duration, tunnels, bytes, retries, rejections,
 			connsActive, connsAccepted, upConnect, upFailures, direct)
+		reg.MustRegister(relayCollectors()...)
 	}
 	return m
+}
+
+// relayCollectors report the process's two tunnel copy pools, summed.
+func relayCollectors() []prometheus.Collector {
+	stats := func(f func(relay.Stats) float64) func() float64 {
+		return func() float64 { return f(bufferRelay.Stats()) + f(spliceRelay.Stats()) }
+	}
+	gauge := func(name, help string, f func(relay.Stats) float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help}, stats(f))
+	}
+	counter := func(name, help string, f func(relay.Stats) float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help}, stats(f))
+	}
+	return []prometheus.Collector{
+		gauge("relay_large_buffers", "Large tunnel copy buffers allocated, in use or idle (bounded by the relay).",
+			func(s relay.Stats) float64 { return float64(s.LargeLive) }),
+		gauge("relay_large_buffers_idle", "Large tunnel copy buffers waiting for a bulk burst.",
+			func(s relay.Stats) float64 { return float64(s.LargeIdle) }),
+		counter("relay_large_buffer_misses_total", "Bulk tunnel bursts copied through a small buffer because every large one was in use.",
+			func(s relay.Stats) float64 { return float64(s.LargeMisses) }),
+		gauge("relay_pipes", "Splice pipes open, in use or idle (gateway.tunnelSplice).",
+			func(s relay.Stats) float64 { return float64(s.Live) }),
+		gauge("relay_pipes_idle", "Splice pipes waiting for a burst.",
+			func(s relay.Stats) float64 { return float64(s.Idle) }),
+		counter("relay_pipe_fallbacks_total", "Tunnel bursts copied through a buffer because no splice pipe could be had.",
+			func(s relay.Stats) float64 { return float64(s.Fallbacks) }),
+		counter("relay_pipes_discarded_total", "Splice pipes closed because a copy failed with data in them.",
+			func(s relay.Stats) float64 { return float64(s.Discarded) }),
+	}
 }

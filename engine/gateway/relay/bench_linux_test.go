@@ -28,12 +28,14 @@ func ioCopyPipe(client, upstream io.ReadWriteCloser) (up, down int64, err error)
 
 type copier func(client, upstream io.ReadWriteCloser) (int64, int64, error)
 
+var bufferPool, splicePool = NewPool(Options{}), NewPool(Options{Splice: true})
+
 var copiers = []struct {
 	name string
 	copy copier
 }{
-	{"relay", Copy},
-	{"relay-buffers", NewPool(0, 0).Copy},
+	{"relay", bufferPool.Copy},
+	{"relay-splice", splicePool.Copy},
 	{"io.Copy", ioCopyPipe},
 }
 
@@ -125,7 +127,7 @@ func BenchmarkIdle(b *testing.B) {
 			}
 			// Let every copy return its pipe and park.
 			deadline := time.Now().Add(waitBound)
-			for st := DefaultStats(); st.Idle != st.Live && time.Now().Before(deadline); st = DefaultStats() {
+			for st := splicePool.Stats(); st.Idle != st.Live && time.Now().Before(deadline); st = splicePool.Stats() {
 				time.Sleep(time.Millisecond)
 			}
 			fds, rss, mem := usage(b)

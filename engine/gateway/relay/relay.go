@@ -8,38 +8,57 @@ import (
 )
 
 const (
-	// DefaultPipes bounds the pipes the default pool keeps open: each is
+	// DefaultPipes bounds the pipes a splicing pool keeps open: each is
 	// two descriptors, held only by a tunnel in the middle of a burst, so
 	// 64 cover far more bursts in flight than two cores can feed.
 	DefaultPipes = 64
 	// DefaultPipeBytes is the capacity asked for each pipe (F_SETPIPE_SZ),
 	// as Go's own splice does: 1 MiB is the default pipe-max-size.
 	DefaultPipeBytes = 1 << 20
-	// bufferBytes is the size of a fallback copy buffer.
-	bufferBytes = 32 << 10
+	// DefaultLargeBuffers bounds the large buffers of bulk bursts: at
+	// most 64 × 256 KiB = 16 MiB, whatever the number of tunnels.
+	DefaultLargeBuffers = 64
+	// LargeBufferBytes is the size of a bulk burst's buffer: a direction
+	// whose last read filled a small buffer is moving bulk data, and reads
+	// and writes this much per system call while one is free.
+	LargeBufferBytes = 256 << 10
+	// smallBufferBytes is the size of every other burst's buffer (and of
+	// the buffer a copy from a non-TCP source holds).
+	smallBufferBytes = 32 << 10
 )
 
-var defaultPool = NewPool(DefaultPipes, DefaultPipeBytes)
-
-// Copy copies both ways between client and upstream with the default pool;
-// see Pool.Copy.
-func Copy(client, upstream io.ReadWriteCloser) (up, down int64, err error) {
-	return defaultPool.Copy(client, upstream)
+// Options configure a Pool; the zero value is the default pool's.
+type Options struct {
+	// Splice copies bursts between two TCP connections with splice(2)
+	// through pooled pipes (Linux only) instead of through buffers. On
+	// loopback it measured slower than large buffers (docs/benchmarks.md),
+	// so it is off unless asked for.
+	Splice bool
+	// Pipes bounds the open pipes (default DefaultPipes) and PipeBytes is
+	// the capacity asked for each (default DefaultPipeBytes); only with
+	// Splice.
+	Pipes, PipeBytes int
+	// LargeBuffers bounds the large buffers (default DefaultLargeBuffers;
+	// negative: none, every burst uses a small buffer).
+	LargeBuffers int
 }
 
-// DefaultStats reports the default pool's counters.
-func DefaultStats() Stats { return defaultPool.Stats() }
-
-// Pool is a bounded set of pipes shared by every tunnel copied through it,
-// plus the buffers of the fallback copy.
+// Pool is the bounded set of pipes and large buffers shared by every
+// tunnel copied through it, plus the small buffers of other bursts.
 type Pool struct {
+	splice         bool
 	max, pipeBytes int
 	idle           chan *pipe   // open pipes not in use; capacity max
 	live           atomic.Int64 // open pipes, in use or idle
 	created        atomic.Uint64
 	discarded      atomic.Uint64
 	fallbacks      atomic.Uint64
-	bufs           sync.Pool // *[]byte of bufferBytes
+
+	maxLarge    int64
+	large       chan *[]byte // large buffers not in use; capacity maxLarge
+	liveLarge   atomic.Int64 // large buffers allocated, in use or idle
+	largeMisses atomic.Uint64
+	small       sync.Pool // *[]byte of smallBufferBytes
 }
 
 // Stats are a Pool's counters.
@@ -49,25 +68,46 @@ type Stats struct {
 	Created   uint64 // pipes ever opened
 	Discarded uint64 // pipes closed because a copy ended with data in them
 	Fallbacks uint64 // bursts between TCP connections copied through a buffer: no pipe could be had
+
+	LargeLive   int    // large buffers allocated, in use or idle
+	LargeIdle   int    // large buffers waiting in the pool
+	LargeMisses uint64 // bulk bursts copied through a small buffer: every large one was in use
 }
 
-// NewPool returns a pool of at most pipes pipes of pipeBytes each (values
-// below 1 mean none: every copy goes through buffers).
-func NewPool(pipes, pipeBytes int) *Pool {
-	pipes = max(pipes, 0)
-	p := &Pool{max: pipes, pipeBytes: pipeBytes, idle: make(chan *pipe, pipes)}
-	p.bufs.New = func() any { b := make([]byte, bufferBytes); return &b }
+// NewPool returns a pool configured by o.
+func NewPool(o Options) *Pool {
+	if o.Pipes == 0 {
+		o.Pipes = DefaultPipes
+	}
+	if o.PipeBytes <= 0 {
+		o.PipeBytes = DefaultPipeBytes
+	}
+	if !o.Splice || o.Pipes < 0 {
+		o.Pipes = 0
+	}
+	if o.LargeBuffers == 0 {
+		o.LargeBuffers = DefaultLargeBuffers
+	}
+	o.LargeBuffers = max(o.LargeBuffers, 0)
+	p := &Pool{
+		splice: o.Splice && o.Pipes > 0, max: o.Pipes, pipeBytes: o.PipeBytes, idle: make(chan *pipe, o.Pipes),
+		maxLarge: int64(o.LargeBuffers), large: make(chan *[]byte, o.LargeBuffers),
+	}
+	p.small.New = func() any { b := make([]byte, smallBufferBytes); return &b }
 	return p
 }
 
 // Stats reports the pool's counters.
 func (p *Pool) Stats() Stats {
 	return Stats{
-		Live:      int(p.live.Load()),
-		Idle:      len(p.idle),
-		Created:   p.created.Load(),
-		Discarded: p.discarded.Load(),
-		Fallbacks: p.fallbacks.Load(),
+		Live:        int(p.live.Load()),
+		Idle:        len(p.idle),
+		Created:     p.created.Load(),
+		Discarded:   p.discarded.Load(),
+		Fallbacks:   p.fallbacks.Load(),
+		LargeLive:   int(p.liveLarge.Load()),
+		LargeIdle:   len(p.large),
+		LargeMisses: p.largeMisses.Load(),
 	}
 }
 
@@ -131,30 +171,70 @@ func (f *firstError) get() error {
 	return f.err
 }
 
-// bufferCopy copies src to dst through one pooled buffer held until src
+// bufferCopy copies src to dst through one small buffer held until src
 // ends: the path for connections relay cannot wait on without reading.
 // The wrappers keep io.CopyBuffer from handing the copy to a ReadFrom or
 // WriteTo that would allocate (or splice with pipes held) on its own.
 func (p *Pool) bufferCopy(dst io.Writer, src io.Reader) (int64, error) {
-	b := p.bufs.Get().(*[]byte)
-	defer p.bufs.Put(b)
+	b := p.small.Get().(*[]byte)
+	defer p.small.Put(b)
 	return io.CopyBuffer(struct{ io.Writer }{dst}, struct{ io.Reader }{src}, *b)
 }
 
+// getLarge takes an idle large buffer or allocates one while fewer than
+// the bound exist; nil when all are in use.
+func (p *Pool) getLarge() *[]byte {
+	select {
+	case b := <-p.large:
+		return b
+	default:
+	}
+	for {
+		n := p.liveLarge.Load()
+		if n >= p.maxLarge {
+			return nil
+		}
+		if p.liveLarge.CompareAndSwap(n, n+1) {
+			b := make([]byte, LargeBufferBytes)
+			return &b
+		}
+	}
+}
+
 // bufferBurst copies one read's worth from src (known to be readable) to
-// dst through a pooled buffer. It returns io.EOF at the end of src.
-func (p *Pool) bufferBurst(dst io.Writer, src io.Reader) (int64, error) {
-	b := p.bufs.Get().(*[]byte)
-	defer p.bufs.Put(b)
+// dst through a pooled buffer: a large one when *bulk says the last read
+// filled a small one, and one is free. It updates *bulk from this read and
+// returns io.EOF at the end of src.
+func (p *Pool) bufferBurst(dst io.Writer, src io.Reader, bulk *bool) (int64, error) {
+	var b *[]byte
+	large := false
+	if *bulk {
+		if b = p.getLarge(); b != nil {
+			large = true
+		} else {
+			p.largeMisses.Add(1)
+		}
+	}
+	if !large {
+		b = p.small.Get().(*[]byte)
+	}
 	n, err := src.Read(*b)
+	// A full small read means more is waiting; a large read that a small
+	// buffer would have held means the bulk is over.
+	*bulk = n == len(*b) || (large && n > smallBufferBytes)
 	if n > 0 {
 		w, werr := dst.Write((*b)[:n])
 		if werr == nil && w < n {
 			werr = io.ErrShortWrite
 		}
 		if werr != nil {
-			return int64(w), werr
+			err, n = werr, w
 		}
+	}
+	if large {
+		p.large <- b // never blocks: at most maxLarge exist
+	} else {
+		p.small.Put(b)
 	}
 	return int64(n), err
 }

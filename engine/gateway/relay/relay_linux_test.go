@@ -53,7 +53,7 @@ func roundTrip(t testing.TB, tn *tunnel) {
 func TestIdleTunnelHoldsTwoDescriptors(t *testing.T) {
 	const n = 300
 	l := newLn(t)
-	pool := NewPool(8, DefaultPipeBytes)
+	pool := NewPool(Options{Splice: true, Pipes: 8})
 	total0, pipes0 := fdCount(t)
 	tns := make([]*tunnel, n)
 	for i := range tns {
@@ -150,7 +150,7 @@ func stall(t *testing.T, tn *tunnel, pool *Pool) (written chan int64) {
 // connections are torn down.
 func TestWriteFailureDiscardsPipe(t *testing.T) {
 	l := newLn(t)
-	pool := NewPool(2, DefaultPipeBytes) // one per direction: the burst always gets one
+	pool := NewPool(Options{Splice: true, Pipes: 2}) // one per direction: the burst always gets one
 	tn := l.open(t, pool, bothTCP)
 	roundTrip(t, tn)
 	// The relay's upstream socket can no longer send: the next burst is
@@ -196,7 +196,7 @@ func TestCloseOrDeadlineUnblocks(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			pool := NewPool(1, DefaultPipeBytes)
+			pool := NewPool(Options{Splice: true, Pipes: 1})
 			tn := l.open(t, pool, c.mode)
 			if c.stalled && c.mode == bothTCP {
 				stall(t, tn, pool)
@@ -247,7 +247,7 @@ func stallBuffered(t *testing.T, tn *tunnel) {
 // delivers every byte once the destination reads again.
 func TestStalledDestinationResumes(t *testing.T) {
 	l := newLn(t)
-	pool := NewPool(1, DefaultPipeBytes)
+	pool := NewPool(Options{Splice: true, Pipes: 1})
 	tn := l.open(t, pool, bothTCP)
 	written := stall(t, tn, pool)
 	// Close ends the writer's blocked Write; what the kernel had taken is
@@ -269,7 +269,7 @@ func TestStalledDestinationResumes(t *testing.T) {
 // copied through a buffer at once rather than waiting for a pipe.
 func TestExhaustedPoolFallsBackToBuffers(t *testing.T) {
 	l := newLn(t)
-	pool := NewPool(1, DefaultPipeBytes)
+	pool := NewPool(Options{Splice: true, Pipes: 1})
 	held := pool.get() // as a tunnel parked on a full destination holds it
 	if held == nil {
 		t.Fatal("no pipe")

@@ -151,11 +151,14 @@ func TestCopyIntactBothWays(t *testing.T) {
 		pool func() *Pool
 		mode wrapMode
 	}{
-		{"splice", func() *Pool { return NewPool(4, DefaultPipeBytes) }, bothTCP},
-		{"small pipes", func() *Pool { return NewPool(4, 4096) }, bothTCP},
-		{"no pipes", func() *Pool { return NewPool(0, 0) }, bothTCP},
-		{"upstream not TCP", func() *Pool { return NewPool(4, DefaultPipeBytes) }, upWrapped},
-		{"neither TCP", func() *Pool { return NewPool(4, DefaultPipeBytes) }, bothWrapped},
+		{"splice", func() *Pool { return NewPool(Options{Splice: true, Pipes: 4}) }, bothTCP},
+		{"small pipes", func() *Pool { return NewPool(Options{Splice: true, Pipes: 4, PipeBytes: 4096}) }, bothTCP},
+		{"buffers", func() *Pool { return NewPool(Options{}) }, bothTCP},
+		{"one large buffer", func() *Pool { return NewPool(Options{LargeBuffers: 1}) }, bothTCP},
+		{"small buffers only", func() *Pool { return NewPool(Options{LargeBuffers: -1}) }, bothTCP},
+		{"splice with no pipes", func() *Pool { return NewPool(Options{Splice: true, Pipes: -1}) }, bothTCP},
+		{"upstream not TCP", func() *Pool { return NewPool(Options{Splice: true, Pipes: 4}) }, upWrapped},
+		{"neither TCP", func() *Pool { return NewPool(Options{Splice: true, Pipes: 4}) }, bothWrapped},
 	}
 	for _, pc := range pools {
 		for i, up := range sizes {
@@ -209,6 +212,9 @@ func assertPoolSettled(t *testing.T, pool *Pool, discarded uint64) {
 	if st.Live != st.Idle || st.Live > pool.max || st.Discarded != discarded {
 		t.Errorf("pool %+v: want every open pipe idle, at most %d, %d discarded", st, pool.max, discarded)
 	}
+	if st.LargeLive != st.LargeIdle || int64(st.LargeLive) > pool.maxLarge {
+		t.Errorf("pool %+v: want every large buffer idle, at most %d", st, pool.maxLarge)
+	}
 	checkPooledPipes(t, pool)
 }
 
@@ -217,7 +223,7 @@ func TestHalfClosePropagates(t *testing.T) {
 	for _, mode := range []wrapMode{bothTCP, upWrapped, bothWrapped} {
 		for _, clientFirst := range []bool{true, false} {
 			t.Run("", func(t *testing.T) {
-				pool := NewPool(2, DefaultPipeBytes)
+				pool := NewPool(Options{Splice: true, Pipes: 2})
 				tn := l.open(t, pool, mode)
 				first, second := tn.client, tn.server
 				if !clientFirst {
@@ -286,7 +292,7 @@ func TestResetTearsDownBoth(t *testing.T) {
 	for _, mode := range []wrapMode{bothTCP, upWrapped, bothWrapped} {
 		for _, serverResets := range []bool{true, false} {
 			t.Run("", func(t *testing.T) {
-				pool := NewPool(2, DefaultPipeBytes)
+				pool := NewPool(Options{Splice: true, Pipes: 2})
 				tn := l.open(t, pool, mode)
 				gone, other := tn.server, tn.client
 				if !serverResets {
@@ -347,7 +353,7 @@ func FuzzCopy(f *testing.F) {
 		if len(ops) > 64 {
 			ops = ops[:64]
 		}
-		pool := NewPool(1, 16<<10)
+		pool := NewPool(Options{Splice: true, Pipes: 1, PipeBytes: 16 << 10})
 		tn := l.open(t, pool, wrapMode(len(ops)%3))
 		ends := [2]*net.TCPConn{tn.client, tn.server}
 		var sent [2]bytes.Buffer
@@ -434,4 +440,106 @@ func FuzzCopy(f *testing.F) {
 			t.Errorf("pool %+v: a pipe was kept out or leaked", st)
 		}
 	})
+}
+
+// A bulk direction moves to a large buffer, and gives it back when done.
+func TestBulkTakesLargeBuffer(t *testing.T) {
+	l := newLn(t)
+	pool := NewPool(Options{LargeBuffers: 2})
+	tn := l.open(t, pool, bothTCP)
+	const n = 8 << 20
+	go func() { _, _ = stream(tn.server, n, 7) }()
+	go func() { _ = tn.client.CloseWrite() }()
+	got, err := io.Copy(io.Discard, tn.client)
+	if err != nil || got != n {
+		t.Fatalf("client read %d, %v; want %d", got, err, n)
+	}
+	tn.wait(t)
+	st := pool.Stats()
+	if st.LargeLive == 0 || st.LargeLive != st.LargeIdle {
+		t.Errorf("pool %+v: want a large buffer taken for the bulk and returned", st)
+	}
+	assertPoolSettled(t, pool, 0)
+}
+
+// Small exchanges never take a large buffer.
+func TestSmallExchangesStaySmall(t *testing.T) {
+	l := newLn(t)
+	pool := NewPool(Options{LargeBuffers: 2})
+	tn := l.open(t, pool, bothTCP)
+	msg := bytes.Repeat([]byte("p"), 1000)
+	buf := make([]byte, len(msg))
+	for range 50 {
+		if _, err := tn.client.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(tn.server, buf); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tn.server.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(tn.client, buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tn.closeAll()
+	tn.wait(t)
+	if st := pool.Stats(); st.LargeLive != 0 {
+		t.Errorf("pool %+v: a ping-pong of 1,000-byte messages took a large buffer", st)
+	}
+}
+
+// However many bulk tunnels stall on a slow reader, no more large
+// buffers exist than the bound; the others carry on through small ones
+// and every byte arrives.
+func TestLargeBuffersBounded(t *testing.T) {
+	l := newLn(t)
+	pool := NewPool(Options{LargeBuffers: 1})
+	const tunnels, n = 4, 16 << 20
+	tns := make([]*tunnel, tunnels)
+	sums := make([]chan [32]byte, tunnels)
+	for i := range tns {
+		tns[i] = l.open(t, pool, bothTCP)
+		// Small socket buffers toward the client, so a writer that is not
+		// read from blocks long before its 16 MiB are through.
+		_ = tns[i].client.SetReadBuffer(64 << 10)
+		_ = tns[i].gwClient.SetWriteBuffer(64 << 10)
+		sums[i] = make(chan [32]byte, 1)
+		go func() {
+			sum, _ := stream(tns[i].server, n, uint64(i))
+			sums[i] <- sum
+		}()
+		_ = tns[i].client.CloseWrite()
+	}
+	// Nobody reads yet: every tunnel fills its sockets and its writer
+	// blocks holding whatever buffer it has. Wait until each tunnel's
+	// destination stalls, i.e. a large buffer and misses were seen.
+	deadline := time.Now().Add(waitBound)
+	for st := pool.Stats(); st.LargeMisses == 0 || st.LargeIdle != 0; st = pool.Stats() {
+		if time.Now().After(deadline) {
+			t.Fatalf("pool %+v: bulk tunnels never contended for the one large buffer", st)
+		}
+		if st.LargeLive > 1 {
+			t.Fatalf("pool %+v: more large buffers than the bound of 1", st)
+		}
+		time.Sleep(time.Millisecond) // poll interval
+	}
+	for i, tn := range tns {
+		h := sha256.New()
+		got, err := io.Copy(h, tn.client)
+		if err != nil || got != n {
+			t.Fatalf("tunnel %d: client read %d, %v; want %d", i, got, err, n)
+		}
+		var sum [32]byte
+		copy(sum[:], h.Sum(nil))
+		if want := <-sums[i]; sum != want {
+			t.Errorf("tunnel %d: bytes differ from what the server sent", i)
+		}
+		tn.wait(t)
+	}
+	if st := pool.Stats(); st.LargeLive > 1 {
+		t.Errorf("pool %+v: more large buffers than the bound of 1", st)
+	}
+	assertPoolSettled(t, pool, 0)
 }

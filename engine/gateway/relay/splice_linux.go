@@ -79,9 +79,9 @@ func (p *Pool) put(pp *pipe) {
 }
 
 // copyOne copies src to dst until src ends. A TCP src is waited on with
-// nothing held and each burst copied by splice (or through a pooled
-// buffer when dst is no TCP connection or no pipe is free); any other src
-// through a buffer held for the whole copy.
+// nothing held and each burst copied through a pooled buffer, or by splice
+// when the pool splices, dst is a TCP connection and a pipe is free; any
+// other src through a buffer held for the whole copy.
 func (p *Pool) copyOne(dst io.Writer, src io.Reader) (int64, error) {
 	s, ok := src.(*net.TCPConn)
 	if !ok {
@@ -92,7 +92,7 @@ func (p *Pool) copyOne(dst io.Writer, src io.Reader) (int64, error) {
 	if f.srcRC, err = s.SyscallConn(); err != nil {
 		return 0, err
 	}
-	if d, ok := dst.(*net.TCPConn); ok {
+	if d, ok := dst.(*net.TCPConn); ok && p.splice {
 		if f.dstRC, err = d.SyscallConn(); err != nil {
 			return 0, err
 		}
@@ -109,9 +109,10 @@ type flow struct {
 	pool             *Pool
 	dst              io.Writer
 	src              *net.TCPConn
-	srcRC, dstRC     syscall.RawConn // dstRC nil: dst is no socket to splice to
+	srcRC, dstRC     syscall.RawConn // dstRC nil: no splicing (the pool does not, or dst is no socket)
 	awaitFn, drainFn func(uintptr) bool
 	pp               *pipe // held from a wake-up until src has nothing more
+	bulk             bool  // the last buffered read filled its buffer
 	n                int   // bytes the last callback saw or moved
 	errno            error // the last callback's failure
 	peekByte         [1]byte
@@ -140,7 +141,7 @@ func (f *flow) run() (written int64, err error) {
 			if f.dstRC != nil {
 				f.pool.fallbacks.Add(1)
 			}
-			n, err := f.pool.bufferBurst(f.dst, f.src)
+			n, err := f.pool.bufferBurst(f.dst, f.src, &f.bulk)
 			written += n
 			if err == io.EOF {
 				return written, nil
@@ -174,8 +175,8 @@ func (f *flow) run() (written int64, err error) {
 // await is the RawConn.Read callback that waits for src and takes in what
 // it has. With a pipe (kept from the last burst, or taken now) it splices
 // src into it; when src is empty it gives the pipe back before asking to
-// park, so an idle tunnel holds none. Without a pipe (none free, or dst
-// cannot be spliced to) it only looks, so the burst is copied through a
+// park, so an idle tunnel holds none. Without a pipe (none free, or no
+// splicing to dst) it only looks, so the burst is copied through a
 // buffer after the wait and not during it. The first call always tries:
 // RawConn.Read clears the poller's readiness before it, so data that
 // arrived earlier would never wake a wait that skipped the try.
