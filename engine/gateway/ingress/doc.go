@@ -16,8 +16,10 @@
 // readHeaderTimeout; waits for the next request under idleTimeout;
 // answers on a pooled bufio.Writer; keeps the connection alive as HTTP/1.1
 // and HTTP/1.0 say (Connection: close / keep-alive), never after a
-// refusal of a request with a body, a body it did not read, or a
-// close-delimited response; pipelined requests are served in order.
+// refusal of a request with a body, a body it did not read (the
+// upstream answered before taking all of it: the transport stops the
+// body read through Request.StopBody), or a close-delimited response;
+// pipelined requests are served in order.
 // Closing on a client that may still be sending drains it first (FIN,
 // then read until its close, at most 500 ms / 256 KiB) so the answer is
 // not destroyed by a reset.

@@ -371,6 +371,10 @@ func (h *Handler) serveForward(c *conn, p *Policy, cl *Client) (result, bool) {
 	}
 	if hasBody {
 		c.treq.Body = &c.body
+		if c.stop == nil {
+			c.stop = c.stopBody
+		}
+		c.treq.StopBody = c.stop
 		if c.req.ExpectContinue {
 			if c.cont == nil {
 				c.cont = c.sendContinue

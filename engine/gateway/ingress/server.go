@@ -177,6 +177,7 @@ type conn struct {
 	resp   transport.Response
 	dreq   dispatch.Request
 	cont   func() error // sends 100 Continue (bound once)
+	stop   func()       // stops a body read for the transport (bound once)
 	served int
 	linger bool // close with lingerClose
 	state  atomic.Uint32
@@ -323,6 +324,15 @@ func (c *conn) keepAlive() bool {
 func (c *conn) sendContinue() error {
 	_, _ = c.bw.WriteString("HTTP/1.1 100 Continue\r\n\r\n")
 	return c.bw.Flush()
+}
+
+// stopBody wakes a read of the request body blocked on the client. The
+// transport calls it, from another goroutine than the one reading the
+// body, when the upstream answered or failed before the body was sent
+// whole; the rest of the body stays unread, so the connection closes
+// after the response (keepAlive).
+func (c *conn) stopBody() {
+	_ = c.raw.SetReadDeadline(time.Unix(1, 0))
 }
 
 // methodString returns the method without allocating for the usual ones.

@@ -13,9 +13,14 @@
 // follows in its own framing (Content-Length, or chunked verbatim), after
 // the upstream's 100 Continue or ExpectContinueTimeout when the client
 // expects one; the response head is read in place (internal/h1) within
-// MaxResponseHeaderBytes and ResponseHeaderTimeout, interim 1xx skipped;
-// the body is then the caller's to read by its framing (none for HEAD,
-// 204, 304; Content-Length; chunked verbatim or decoded; until close).
+// MaxResponseHeaderBytes and ResponseHeaderTimeout (from the end of the
+// body), interim 1xx skipped; the body is then the caller's to read by its
+// framing (none for HEAD, 204, 304; Content-Length; chunked verbatim or
+// decoded; until close). A body is written by a goroutine of the exchange
+// while the head is read: an upstream answering before it has the whole
+// body (an early 413) stops the body there and its answer is the response
+// (BodyUnsent), on a connection that is then not kept. The goroutine has
+// ended when RoundTrip returns; requests without a body start none.
 //
 // Connection reuse: idle connections are kept per upstream proxy (address
 // and credentials) — per destination for direct requests — in a LIFO

@@ -33,7 +33,8 @@ type Request struct {
 	// included, Proxy-Authorization not (the target proxy's is added).
 	Header []byte
 	// Body is the request body in its wire framing (chunked bodies
-	// verbatim), nil when there is none.
+	// verbatim), nil when there is none. It is read by a goroutine of the
+	// exchange, which has ended when RoundTrip returns.
 	Body io.Reader
 	// Idempotent requests without a body are sent again, on a fresh
 	// connection, when a kept-alive one turns out to have been closed by
@@ -46,6 +47,11 @@ type Request struct {
 	// upstream answered 100 Continue or stayed silent for
 	// ExpectContinueTimeout. The client side sends its own 100 then.
 	Continue func() error
+	// StopBody, when set, makes a Body read that is waiting on the client
+	// return an error; it is called from another goroutine when the
+	// upstream answered, or failed, before the body was sent whole.
+	// Without it the exchange ends only once a pending Body read returns.
+	StopBody func()
 }
 
 // Response is the upstream's answer; its head fields point into the
@@ -55,7 +61,9 @@ type Response struct {
 	h1.Response
 	Body h1.Body
 	// BodyUnsent: the upstream answered before the request body was sent
-	// (Continue was never called); the client's body is still unread.
+	// whole — before Continue was called, or while the body was going out,
+	// which then stopped. What the client had not sent yet is unread, and
+	// the upstream connection is not kept.
 	BodyUnsent bool
 
 	t    *Transport
@@ -216,28 +224,14 @@ func (t *Transport) exchange(pc *pconn, req *Request, k poolKey, resp *Response)
 		return true, fmt.Errorf("writing request: %w", err)
 	}
 	resp.BodyUnsent = false
-	final := false
 	if req.Body != nil {
-		if req.Continue != nil {
-			if final, err = t.awaitContinue(pc, req, resp); err != nil {
-				return false, err
-			}
+		if err := t.sendBody(pc, req, resp); err != nil {
+			return false, err
 		}
-		if !final {
-			if req.Continue != nil {
-				if err := req.Continue(); err != nil {
-					return false, &BodyError{Err: err}
-				}
-			}
-			if err := sendBody(pc.conn, req.Body); err != nil {
-				return false, err
-			}
-		}
-	}
-	if !final {
+	} else {
 		_ = pc.conn.SetReadDeadline(time.Now().Add(t.opts.ResponseHeaderTimeout))
 		if err := t.readHead(pc, resp, false); err != nil {
-			return req.Idempotent && req.Body == nil && staleErr(err, pc), err
+			return req.Idempotent && staleErr(err, pc), err
 		}
 	}
 	t.frame(pc, req, resp)
@@ -321,9 +315,108 @@ func (t *Transport) frame(pc *pconn, req *Request, resp *Response) {
 	}
 }
 
-// sendBody streams a request body upstream; read failures are the
+// aLongTimeAgo is a deadline in the past: it wakes a blocked read or write.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// errStopped: the body writer was stopped because the exchange ended.
+var errStopped = errors.New("request body stopped")
+
+// sendBody sends the request body (after the upstream's 100 Continue when
+// the client expects one) and reads the response head meanwhile, as
+// net/http's write and read loops do: an upstream may answer before it
+// has read the whole body (an early 413, a streamed response). The body
+// then stops there and the answer is returned as the response, with
+// BodyUnsent set. The writer is a goroutine of this exchange only: it has
+// ended, one way or another, when sendBody returns.
+func (t *Transport) sendBody(pc *pconn, req *Request, resp *Response) error {
+	if req.Continue != nil {
+		final, err := t.awaitContinue(pc, req, resp)
+		if err != nil || final {
+			return err
+		}
+		if err := req.Continue(); err != nil {
+			return &BodyError{Err: err}
+		}
+	}
+	// No read deadline while the body goes out: the writer sets
+	// ResponseHeaderTimeout once it is done, so that the timeout counts
+	// from the end of the request, as net/http counts it.
+	_ = pc.conn.SetReadDeadline(time.Time{})
+	if pc.wdone == nil {
+		pc.wdone = make(chan error, 1)
+	}
+	pc.stopping.Store(false)
+	go pc.writeBody(req.Body, t.opts.ResponseHeaderTimeout)
+	herr := t.readHead(pc, resp, false)
+	werr := pc.endBody(req)
+	var be *BodyError
+	switch {
+	case werr == nil:
+		return herr
+	case errors.As(werr, &be):
+		// The client broke or left its body: that ends the request
+		// whatever the upstream said, and blames no proxy.
+		return werr
+	case herr == nil:
+		// A final answer before the body was out: relay it. The upstream
+		// saw part of a request, so its connection is not kept; the
+		// client side must not keep its own if body bytes remain unread.
+		resp.BodyUnsent = true
+		return nil
+	case werr == errStopped:
+		return herr
+	}
+	return werr
+}
+
+// writeBody is the body writer of one exchange. Before it reports its end
+// on wdone it sets the read deadline the reader then needs, so that the
+// reader owns the connection's deadlines once it has the report.
+func (pc *pconn) writeBody(body io.Reader, headerTimeout time.Duration) {
+	err := copyBody(pc.conn, body)
+	var be *BodyError
+	switch {
+	case err == nil:
+		// The request is out whole: its answer is due within the timeout.
+		_ = pc.conn.SetReadDeadline(time.Now().Add(headerTimeout))
+	case pc.stopping.Load() && (!errors.As(err, &be) || errors.Is(err, os.ErrDeadlineExceeded)):
+		// Stopped by endBody (a past deadline on either side), not a
+		// body the client broke on its own meanwhile.
+		err = errStopped
+	case errors.As(err, &be):
+		// The client broke its body: no answer can come. Wake the reader.
+		_ = pc.conn.SetReadDeadline(aLongTimeAgo)
+	default:
+		// The upstream stopped taking the body. It may have answered
+		// first (an early 413, then close): the reader still gets that,
+		// within the timeout.
+		_ = pc.conn.SetReadDeadline(time.Now().Add(headerTimeout))
+	}
+	pc.wdone <- err
+}
+
+// endBody waits for the body writer to end, stopping it first if it is
+// still at work: its upstream write fails at once, a read of the client's
+// body through req.StopBody.
+func (pc *pconn) endBody(req *Request) error {
+	select {
+	case err := <-pc.wdone:
+		return err
+	default:
+	}
+	pc.stopping.Store(true)
+	_ = pc.conn.SetWriteDeadline(aLongTimeAgo)
+	if req.StopBody != nil {
+		req.StopBody()
+	}
+	err := <-pc.wdone
+	_ = pc.conn.SetWriteDeadline(time.Time{})
+	return err
+}
+
+// copyBody streams a request body upstream; read failures are the
 // client's (BodyError), write failures the upstream's.
-func sendBody(dst net.Conn, body io.Reader) error {
+func copyBody(dst net.Conn, body io.Reader) error {
 	bp := copyBufPool.Get().(*[]byte)
 	defer copyBufPool.Put(bp)
 	buf := *bp

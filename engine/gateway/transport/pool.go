@@ -25,6 +25,11 @@ type pconn struct {
 	hp     *hostPool
 	idleAt time.Time
 	reused bool
+	// The body writer of the exchange in progress: its end is reported
+	// on wdone (made once, on the first request with a body); stopping
+	// tells it that an error it meets is the exchange ending.
+	wdone    chan error
+	stopping atomic.Bool
 }
 
 func (pc *pconn) close() {

@@ -305,7 +305,14 @@ func TestExpectContinue(t *testing.T) {
 }
 
 func TestClientBodyFailure(t *testing.T) {
-	p := newWireProxy(t, false, fixed("HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"))
+	// The upstream answers once it has the part of the body that exists:
+	// the body breaks while the answer is on its way, and that stays the
+	// client's failure. (An answer before any body byte went out would
+	// be an early answer, relayed.)
+	p := newWireProxy(t, false, func(_ string, br *bufio.Reader) string {
+		_, _ = io.CopyN(io.Discard, br, 2)
+		return "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+	})
 	tr := transport.New(transport.Options{})
 	defer tr.Close()
 	broken := io.MultiReader(strings.NewReader("ab"), errReader{})
