@@ -120,6 +120,55 @@ func parseSockstat(b []byte) (sockstat, error) {
 	return sockstat{}, errors.New("parsing sockstat: no TCP line")
 }
 
+// tcpExt are the TcpExt counters of /proc/net/netstat that explain a
+// latency tail on loopback: a full accept queue drops SYNs, whose
+// retransmission waits 1 s, then 2 s, 4 s...; a full TIME-WAIT table
+// drops that state.
+type tcpExt struct {
+	ListenOverflows, ListenDrops, SynRetrans, TimeWaitOverflow int64
+}
+
+func parseNetstat(b []byte) (tcpExt, error) {
+	var names []string
+	for line := range strings.Lines(string(b)) {
+		rest, ok := strings.CutPrefix(line, "TcpExt:")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if names == nil {
+			names = f
+			continue
+		}
+		if len(f) != len(names) {
+			return tcpExt{}, fmt.Errorf("parsing netstat: %d TcpExt values for %d names", len(f), len(names))
+		}
+		var e tcpExt
+		for i, name := range names {
+			var dst *int64
+			switch name {
+			case "ListenOverflows":
+				dst = &e.ListenOverflows
+			case "ListenDrops":
+				dst = &e.ListenDrops
+			case "TCPSynRetrans":
+				dst = &e.SynRetrans
+			case "TCPTimeWaitOverflow":
+				dst = &e.TimeWaitOverflow
+			default:
+				continue
+			}
+			n, err := strconv.ParseInt(f[i], 10, 64)
+			if err != nil {
+				return tcpExt{}, fmt.Errorf("parsing netstat: %s: %w", name, err)
+			}
+			*dst = n
+		}
+		return e, nil
+	}
+	return tcpExt{}, errors.New("parsing netstat: no TcpExt lines")
+}
+
 // parseLoadavg returns the 1-minute load average of /proc/loadavg.
 func parseLoadavg(b []byte) (float64, error) {
 	f := strings.Fields(string(b))
@@ -259,8 +308,13 @@ type HostStats struct {
 	LoopbackBytesPerSec float64 `json:"loopback_bytes_per_sec"`
 	TCPInUseMax         int     `json:"tcp_inuse_max"`
 	TCPTimeWaitMax      int     `json:"tcp_timewait_max"`
-	Load1Start          float64 `json:"load1_start"`
-	Load1End            float64 `json:"load1_end"`
+	// Deltas over the run of /proc/net/netstat's TcpExt counters.
+	ListenOverflows  int64   `json:"listen_overflows"`
+	ListenDrops      int64   `json:"listen_drops"`
+	SynRetrans       int64   `json:"syn_retransmits"`
+	TimeWaitOverflow int64   `json:"timewait_overflows"`
+	Load1Start       float64 `json:"load1_start"`
+	Load1End         float64 `json:"load1_end"`
 }
 
 // Sampler samples the system under test and the host every interval.
@@ -279,6 +333,8 @@ type Sampler struct {
 	loStart  int64
 	loLast   int64
 	loLastAt time.Time
+	extStart tcpExt
+	extLast  tcpExt
 }
 
 // NewSampler samples pids (and their descendants when tree is set).
@@ -374,6 +430,14 @@ func (s *Sampler) sampleHost(now time.Time, first bool) {
 			s.host.TCPTimeWaitMax = max(s.host.TCPTimeWaitMax, ss.TimeWait)
 		}
 	}
+	if b, err := os.ReadFile(procRoot + "/net/netstat"); err == nil {
+		if e, err := parseNetstat(b); err == nil {
+			if first {
+				s.extStart = e
+			}
+			s.extLast = e
+		}
+	}
 	if b, err := os.ReadFile(procRoot + "/loadavg"); err == nil {
 		if l, err := parseLoadavg(b); err == nil {
 			if first {
@@ -393,6 +457,10 @@ func (s *Sampler) Stats() (*ProcStats, HostStats) {
 	defer s.mu.Unlock()
 	h := s.host
 	h.LoopbackBytes = s.loLast - s.loStart
+	h.ListenOverflows = s.extLast.ListenOverflows - s.extStart.ListenOverflows
+	h.ListenDrops = s.extLast.ListenDrops - s.extStart.ListenDrops
+	h.SynRetrans = s.extLast.SynRetrans - s.extStart.SynRetrans
+	h.TimeWaitOverflow = s.extLast.TimeWaitOverflow - s.extStart.TimeWaitOverflow
 	if span := s.loLastAt.Sub(s.first).Seconds(); span > 0 {
 		h.LoopbackBytesPerSec = float64(h.LoopbackBytes) / span
 	}

@@ -84,6 +84,16 @@ func TestParseHostFiles(t *testing.T) {
 	if _, err := parseSockstat([]byte("UDP: inuse 1\n")); err == nil {
 		t.Error("parseSockstat without TCP: want an error")
 	}
+	ns := "TcpExt: SyncookiesSent ListenOverflows ListenDrops TCPSynRetrans TCPTimeWaitOverflow\n" +
+		"TcpExt: 1 2 3 4 5\nIpExt: InNoRoutes\nIpExt: 0\n"
+	if got, err := parseNetstat([]byte(ns)); err != nil || got != (tcpExt{ListenOverflows: 2, ListenDrops: 3, SynRetrans: 4, TimeWaitOverflow: 5}) {
+		t.Errorf("parseNetstat = %+v, %v", got, err)
+	}
+	for _, bad := range []string{"IpExt: a\nIpExt: 1\n", "TcpExt: ListenDrops\nTcpExt: 1 2\n", "TcpExt: ListenDrops\nTcpExt: x\n", "TcpExt: ListenDrops\n"} {
+		if _, err := parseNetstat([]byte(bad)); err == nil {
+			t.Errorf("parseNetstat(%q): want an error", bad)
+		}
+	}
 	if got, err := parseLoadavg([]byte("5.84 6.61 7.03 3/900 12345\n")); err != nil || got != 5.84 {
 		t.Errorf("parseLoadavg = %v, %v", got, err)
 	}
@@ -169,4 +179,21 @@ func TestSamplerOwnProcess(t *testing.T) {
 func readProcGone() (procStat, error) {
 	st, _, _, err := readProc(1 << 30)
 	return st, err
+}
+
+// FuzzParseProcFiles: no /proc content makes a parser panic.
+func FuzzParseProcFiles(f *testing.F) {
+	f.Add([]byte("TcpExt: ListenOverflows TCPSynRetrans\nTcpExt: 1 2\n"))
+	f.Add([]byte("TCP: inuse 42 orphan 0 tw 17 alloc 50 mem 3\n"))
+	f.Add([]byte("    lo: 123456 100 0 0 0 0 0 0 123456 100 0 0 0 0 0 0\n"))
+	f.Add([]byte("1234 (proxy pool) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20\n"))
+	f.Add([]byte("VmRSS:\t  1024 kB\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, _ = parseNetstat(b)
+		_, _ = parseSockstat(b)
+		_, _ = parseLoopback(b)
+		_, _ = parseLoadavg(b)
+		_, _ = parseVmRSS(b)
+		_, _ = parseStat(b)
+	})
 }

@@ -158,6 +158,8 @@ func (r *Result) WriteTable(w io.Writer) error {
 	h := r.Host
 	row("host", "loopback %s/s, tcp in use max %d, time-wait max %d, load1 %.2f -> %.2f",
 		human(h.LoopbackBytesPerSec), h.TCPInUseMax, h.TCPTimeWaitMax, h.Load1Start, h.Load1End)
+	row("tcp", "listen overflows %d, listen drops %d, syn retransmits %d, time-wait overflows %d",
+		h.ListenOverflows, h.ListenDrops, h.SynRetrans, h.TimeWaitOverflow)
 	if err := tw.Flush(); err != nil {
 		return fmt.Errorf("writing result: %w", err)
 	}

@@ -19,8 +19,8 @@ import (
 
 // Options configure a suite run.
 type Options struct {
-	// Suite is quick (CI, under a minute), full, tunnels (the full suite's
-	// tunnels scenario alone) or peers.
+	// Suite is quick (CI, under a minute), full, tunnels or snapshot (one
+	// scenario of the full suite alone) or peers.
 	Suite string
 	// Dir receives configs, process logs, results and profiles.
 	Dir string
@@ -35,6 +35,9 @@ type Options struct {
 	// positive, replaces the default 5 rounds.
 	PeersOnly   []string
 	PeersRounds int
+	// SnapshotRate is the load of the snapshot suite, req/s (the full
+	// suite uses half the peak it measured; default 3,500).
+	SnapshotRate float64
 }
 
 // Figure is one measured (or stated) number.
@@ -98,6 +101,8 @@ func Run(ctx context.Context, o Options) error {
 		err = r.runScenarios(ctx, fullParams)
 	case "tunnels":
 		err = r.runTunnels(ctx, fullParams)
+	case "snapshot":
+		err = r.runSnapshot(ctx, fullParams)
 	case "peers":
 		p := peersParams
 		if o.PeersRounds > 0 {
@@ -114,7 +119,7 @@ func Run(ctx context.Context, o Options) error {
 		}
 		err = r.runPeers(ctx, p)
 	default:
-		err = fmt.Errorf("unknown suite %q: want quick, full, tunnels or peers", o.Suite)
+		err = fmt.Errorf("unknown suite %q: want quick, full, tunnels, snapshot or peers", o.Suite)
 	}
 	if werr := r.writeReport(); err == nil {
 		err = werr

@@ -395,6 +395,21 @@ func (r *Runner) runTunnels(ctx context.Context, p params) error {
 	return r.tunnels(ctx, p, gw)
 }
 
+// runSnapshot is the 100k snapshot scenario on its own (suite
+// "snapshot"), loaded at Options.SnapshotRate.
+func (r *Runner) runSnapshot(ctx context.Context, p params) error {
+	sims, err := StartSims(r.ps, r.o.Sims, p.upstreams, p.upstreamProcs)
+	if err != nil {
+		return err
+	}
+	r.sims = sims
+	rt := r.o.SnapshotRate
+	if rt <= 0 {
+		rt = 3500
+	}
+	return r.snapshot(ctx, p, 2*rt)
+}
+
 // tunnels holds many CONNECT tunnels with a little traffic each and
 // reports what they cost the gateway. When the descriptor limit cannot
 // hold the count asked for, it opens what fits and says so.
@@ -572,6 +587,11 @@ func (r *Runner) snapshot(ctx context.Context, p params, peak float64) error {
 	r.fig(Figure{Scenario: sc, Name: "served during growth", Value: res.Throughput, Unit: "req/s", Note: fmt.Sprintf("of %.0f/s", rt)})
 	r.fig(Figure{Scenario: sc, Name: "seconds whose slowest request took over 1 s", Value: float64(slowSeconds(res, 1000)), Unit: "s", Note: fmt.Sprintf("of %d; seconds without a success: %d", len(res.Timeline), quietSeconds(res))})
 	r.fig(Figure{Scenario: sc, Name: "errors during growth", Value: float64(failures(res)), Unit: "req", Note: classNote(res)})
+	{
+		h := res.Host
+		r.fig(Figure{Scenario: sc, Name: "SYN retransmits during growth (host)", Value: float64(h.SynRetrans), Unit: "",
+			Note: fmt.Sprintf("listen overflows %d, listen drops %d, time-wait overflows %d; a retransmitted SYN waits 1 s, then 2, 4, 8", h.ListenOverflows, h.ListenDrops, h.TimeWaitOverflow)})
+	}
 	r.sutFigures(sc, res)
 	if pprofAddr != "" {
 		if err := r.summarise(ctx, "profile-snap", cpuPath, "CPU"); err != nil {
