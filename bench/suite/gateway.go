@@ -36,7 +36,9 @@ type GatewayOptions struct {
 	// the BASIC check CONNECTs through each proxy.
 	CheckInFlight int
 	ProbeTarget   string
-	MaxConns      int
+	// CheckPerSecond is checker.maxPerSecond (0: no bound).
+	CheckPerSecond float64
+	MaxConns       int
 	// Env adds to the process environment (the profiling build reads
 	// PROXYPOOL_BENCH_PPROF).
 	Env []string
@@ -83,6 +85,8 @@ upstreams:
       timeout: 5s
       maxInFlight: {{.O.CheckInFlight}}
       probeTarget: {{.O.ProbeTarget}}
+checker:
+  maxPerSecond: {{.O.CheckPerSecond}}
 extraction:
   maxCount: 1000
 # Every server of the benchmark is on loopback.

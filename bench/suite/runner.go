@@ -38,6 +38,9 @@ type Options struct {
 	// SnapshotRate is the load of the snapshot suite, req/s (the full
 	// suite uses half the peak it measured; default 3,500).
 	SnapshotRate float64
+	// SnapshotCheckRate, when not negative, replaces the snapshot suite's
+	// checker.maxPerSecond (0: unbounded).
+	SnapshotCheckRate float64
 }
 
 // Figure is one measured (or stated) number.

@@ -33,6 +33,9 @@ type params struct {
 	// most snapshotWait.
 	snapshotProxies int
 	snapshotWait    time.Duration
+	// snapshotCheckRate is checker.maxPerSecond during the growth (0:
+	// unbounded).
+	snapshotCheckRate float64
 	// fault: vendor answers 500 from a third of the way in.
 	fault time.Duration
 	// profile: CPU profile of the gateway for this long (0: none).
@@ -49,7 +52,7 @@ var (
 		steadyRate: 10_000, steady: 3 * time.Second,
 		setup:   3 * time.Second,
 		tunnels: 500, tunnelInterval: time.Second, tunnelHold: 3 * time.Second,
-		snapshotProxies: 2_000, snapshotWait: 15 * time.Second,
+		snapshotProxies: 2_000, snapshotWait: 15 * time.Second, snapshotCheckRate: 1000,
 		fault: 6 * time.Second,
 	}
 	fullParams = params{
@@ -58,7 +61,7 @@ var (
 		steadyRate: 10_000, steady: 30 * time.Second,
 		setup:   15 * time.Second,
 		tunnels: 10_000, tunnelInterval: 5 * time.Second, tunnelHold: 30 * time.Second,
-		snapshotProxies: 100_000, snapshotWait: 600 * time.Second,
+		snapshotProxies: 100_000, snapshotWait: 600 * time.Second, snapshotCheckRate: 1000,
 		fault:   30 * time.Second,
 		profile: 15 * time.Second,
 	}
@@ -395,6 +398,13 @@ func (r *Runner) runTunnels(ctx context.Context, p params) error {
 	return r.tunnels(ctx, p, gw)
 }
 
+func checkRateNote(r float64) string {
+	if r <= 0 {
+		return "checks unpaced"
+	}
+	return fmt.Sprintf("checker.maxPerSecond %.0f", r)
+}
+
 // runSnapshot is the 100k snapshot scenario on its own (suite
 // "snapshot"), loaded at Options.SnapshotRate.
 func (r *Runner) runSnapshot(ctx context.Context, p params) error {
@@ -406,6 +416,9 @@ func (r *Runner) runSnapshot(ctx context.Context, p params) error {
 	rt := r.o.SnapshotRate
 	if rt <= 0 {
 		rt = 3500
+	}
+	if r.o.SnapshotCheckRate >= 0 {
+		p.snapshotCheckRate = r.o.SnapshotCheckRate
 	}
 	return r.snapshot(ctx, p, 2*rt)
 }
@@ -501,7 +514,7 @@ func (r *Runner) snapshot(ctx context.Context, p params, peak float64) error {
 		// call that could overshoot maxSize.
 		PoolMinimum: p.upstreams, PoolTarget: n + p.upstreams + 1000, PoolMaxSize: n + p.upstreams + 1000,
 		MaxConcurrency: 1000, EstimatedIPs: 1000, FetchInterval: 100 * time.Millisecond, FetchInFlight: 4,
-		CheckInFlight: 256, ProbeTarget: r.sims.Target,
+		CheckInFlight: 256, ProbeTarget: r.sims.Target, CheckPerSecond: p.snapshotCheckRate,
 	}, p.upstreams, 90*time.Second)
 	if err != nil {
 		return err
@@ -542,7 +555,9 @@ func (r *Runner) snapshot(ctx context.Context, p params, peak float64) error {
 	} else {
 		profiled <- nil
 	}
-	waitErr := gw.WaitProxies(ctx, n+p.upstreams, p.snapshotWait)
+	// The vendor's new list replaces the 20 plain proxies: the snapshot
+	// ends with the n new ones.
+	waitErr := gw.WaitProxies(ctx, n, p.snapshotWait)
 	took := time.Since(start)
 	st, _ := gw.Status(ctx)
 	// A few more seconds of load on the full snapshot, then stop.
@@ -574,7 +589,7 @@ func (r *Runner) snapshot(ctx context.Context, p params, peak float64) error {
 	if waitErr != nil {
 		reached = "NOT reached in time: " + waitErr.Error()
 	}
-	r.fig(Figure{Scenario: sc, Name: fmt.Sprintf("time to %d proxies in the snapshot", n+p.upstreams), Value: took.Seconds(), Unit: "s", Note: reached + "; fetch 1000/call, 4 in flight, 256 checks in flight"})
+	r.fig(Figure{Scenario: sc, Name: fmt.Sprintf("time to %d proxies in the snapshot", n), Value: took.Seconds(), Unit: "s", Note: reached + "; fetch 1000/call, 4 in flight, 256 checks in flight, " + checkRateNote(p.snapshotCheckRate)})
 	publishes := sumMetric(after, "proxypool_distribution_publish_duration_seconds_count") - sumMetric(before, "proxypool_distribution_publish_duration_seconds_count")
 	pubSum := sumMetric(after, "proxypool_distribution_publish_duration_seconds_sum") - sumMetric(before, "proxypool_distribution_publish_duration_seconds_sum")
 	r.fig(Figure{Scenario: sc, Name: "snapshot publishes during the growth", Value: publishes, Unit: ""})

@@ -5,6 +5,7 @@ import (
 	"net"
 	"runtime"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -326,5 +327,60 @@ func TestSchedulerCoalescesPerLevelAndRouting(t *testing.T) {
 	}
 	if (Stats{QueuedHigh: 1, QueueSize: 10}).Backlogged() != true || (Stats{QueuedNormal: 4, QueueSize: 10}).Backlogged() || !(Stats{QueuedNormal: 5, QueueSize: 10}).Backlogged() {
 		t.Fatal("Backlogged thresholds wrong")
+	}
+}
+
+// fastExec is an Executor whose checks finish at once, reporting starts.
+type fastExec struct{ started chan proxy.ID }
+
+func (f *fastExec) Check(_ context.Context, t Task) Observation {
+	f.started <- t.Proxy.ID
+	return Observation{ID: t.Proxy.ID, Level: LevelBasic, Success: true}
+}
+
+// With maxPerSecond the scheduler starts checks at that pace, on its own
+// clock (a burst of a twentieth of a second at once); a reload lifts it.
+func TestSchedulerMaxPerSecond(t *testing.T) {
+	var now atomic.Int64 // nanoseconds since t0
+	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return t0.Add(time.Duration(now.Load())) }
+	ex := &fastExec{started: make(chan proxy.ID, 100)}
+	s := NewScheduler(SchedulerOptions{Executor: ex, MaxInFlight: 64, QueueSize: 100, MaxPerSecond: 40, Now: clock})
+	var rested atomic.Int64
+	s.rest = func(_ context.Context, d time.Duration) {
+		rested.Add(int64(d))
+		now.Add(int64(d))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = s.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	const n = 22
+	for i := range n {
+		if err := s.Submit(task("p"+strconv.Itoa(i), PriorityHigh)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range n {
+		recv(t, ex.started)
+	}
+	// 40/s with a burst of 2: the first two at once, then one every 25 ms.
+	if got, want := time.Duration(rested.Load()), (n-2)*25*time.Millisecond; got != want {
+		t.Errorf("rested %v before %d checks at 40/s, want %v", got, n, want)
+	}
+
+	s.SetMaxPerSecond(0)
+	before := rested.Load()
+	for i := range n {
+		if err := s.Submit(task("q"+strconv.Itoa(i), PriorityHigh)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range n {
+		recv(t, ex.started)
+	}
+	if d := rested.Load() - before; d != 0 {
+		t.Errorf("rested %v with no bound", time.Duration(d))
 	}
 }

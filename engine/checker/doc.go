@@ -16,8 +16,10 @@
 //   - TARGET: a GET through the proxy to one routing's URL; only the
 //     expected status passes. Redirects are not followed.
 //
-// The Scheduler runs checks with a bounded, reloadable in-flight limit from
-// a bounded two-priority queue where new and SUSPECT proxies go first and
+// The Scheduler runs checks with a bounded, reloadable in-flight limit and
+// an optional, reloadable bound on checks started per second
+// (checker.maxPerSecond, so that checking a bulk import cannot take the
+// gateway's CPU), from a bounded two-priority queue where new and SUSPECT proxies go first and
 // ordinary rechecks are shed under backlog (seed 000 §18 "Checker 积压").
 // One task per (proxy, level, routing) is queued or running at a time.
 //

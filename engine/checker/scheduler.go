@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 
 	"github.com/proxypool/proxypool/engine/domain/proxy"
 )
@@ -52,6 +54,10 @@ type SchedulerOptions struct {
 	// must not block for long: it holds an in-flight slot.
 	Report   func(Observation)
 	Registry *prometheus.Registry
+	// MaxPerSecond bounds the checks started per second (0: no bound).
+	MaxPerSecond float64
+	// Now is the clock of that bound; nil means time.Now.
+	Now func() time.Time
 }
 
 // Stats is a point-in-time view of the scheduler.
@@ -79,6 +85,12 @@ type Scheduler struct {
 	wake      chan struct{}
 	m         *schedMetrics
 
+	// rate paces starts (MaxPerSecond); rest waits out its delays and is
+	// replaced by tests.
+	rate *rate.Limiter
+	now  func() time.Time
+	rest func(ctx context.Context, d time.Duration)
+
 	mu       sync.Mutex
 	limit    int
 	high     []Task
@@ -101,9 +113,15 @@ func NewScheduler(o SchedulerOptions) *Scheduler {
 	if o.Report == nil {
 		o.Report = func(Observation) {}
 	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
 	return &Scheduler{
 		exec:      o.Executor,
 		report:    o.Report,
+		rate:      rate.NewLimiter(checkRate(o.MaxPerSecond), checkBurst(o.MaxPerSecond)),
+		now:       o.Now,
+		rest:      restFor,
 		limit:     o.MaxInFlight,
 		queueSize: o.QueueSize,
 		wake:      make(chan struct{}, 1),
@@ -123,6 +141,33 @@ func (s *Scheduler) SetMaxInFlight(n int) {
 	s.limit = n
 	s.mu.Unlock()
 	s.poke()
+}
+
+// SetMaxPerSecond changes the bound on checks started per second
+// (reload); 0 removes it.
+func (s *Scheduler) SetMaxPerSecond(r float64) {
+	now := s.now()
+	s.rate.SetLimitAt(now, checkRate(r))
+	s.rate.SetBurstAt(now, checkBurst(r))
+}
+
+func checkRate(r float64) rate.Limit {
+	if r <= 0 {
+		return rate.Inf
+	}
+	return rate.Limit(r)
+}
+
+// checkBurst lets a twentieth of a second's checks start at once.
+func checkBurst(r float64) int { return max(1, int(r/20)) }
+
+func restFor(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
 }
 
 func (s *Scheduler) poke() {
@@ -226,6 +271,16 @@ func (s *Scheduler) Run(ctx context.Context) error {
 			case <-s.wake:
 				continue
 			case <-ctx.Done():
+				return nil
+			}
+		}
+		if d := s.rate.ReserveN(s.now(), 1).DelayFrom(s.now()); d > 0 {
+			s.rest(ctx, d)
+			if ctx.Err() != nil {
+				s.mu.Lock()
+				s.unpendLocked(t.Key())
+				s.running--
+				s.mu.Unlock()
 				return nil
 			}
 		}

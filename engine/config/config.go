@@ -85,6 +85,7 @@ type Config struct {
 	Upstreams    []Upstream    `yaml:"upstreams"`
 	Routings     []Routing     `yaml:"routings"`
 	Extraction   Extraction    `yaml:"extraction"`
+	Checker      Checker       `yaml:"checker"`
 	Security     Security      `yaml:"security"`
 	Shutdown     time.Duration `yaml:"shutdownTimeout"`
 	// Demo starts testenv's simulated vendor, upstream proxies and target
@@ -279,6 +280,15 @@ type Pool struct {
 }
 
 // Check is the health-check policy.
+// Checker bounds the health checker every upstream shares.
+type Checker struct {
+	// MaxPerSecond bounds the checks started per second across every
+	// upstream, so that checking a bulk import of new proxies (each check
+	// a connection and a CONNECT) cannot take the CPU the gateway needs;
+	// 0 means no bound.
+	MaxPerSecond float64 `yaml:"maxPerSecond"`
+}
+
 type Check struct {
 	Interval         time.Duration `yaml:"interval"`
 	Timeout          time.Duration `yaml:"timeout"`

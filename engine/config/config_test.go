@@ -76,6 +76,7 @@ func TestValidationReportsEveryErrorWithPath(t *testing.T) {
 		"routings[0].onUnavailable",
 		"routings[0].match.hosts[0]",
 		"routings[0].match.ports[0]",
+		"checker.maxPerSecond",
 	} {
 		if want == "listeners.gateway" {
 			continue // auth mode is set, so strict mode does not apply

@@ -290,6 +290,9 @@ func (c *Config) validate() Errors {
 	for i := range c.Routings {
 		c.validateRouting(v, i, names, routings)
 	}
+	if r := c.Checker.MaxPerSecond; r < 0 || r > 1e6 || r != r {
+		v.add("checker.maxPerSecond", "must be between 0 (no bound) and 1000000, got %v", r)
+	}
 	e := c.Extraction
 	v.positive("extraction.minRemainingTTL", e.MinRemainingTTL)
 	v.positive("extraction.maxHealthCheckAge", e.MaxHealthCheckAge)

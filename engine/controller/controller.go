@@ -171,6 +171,7 @@ func New(o Options) (*Controller, error) {
 	}
 	c.sched = checker.NewScheduler(checker.SchedulerOptions{
 		Executor: o.Checker, MaxInFlight: checkInFlight(o.Config), Report: c.onObservation, Registry: o.Registry,
+		MaxPerSecond: o.Config.Checker.MaxPerSecond,
 	})
 	c.health = health.New(health.Options{
 		Store: o.Pool, Scheduler: c.sched, Policy: c.checkPolicy, OnChange: c.onHealthChange,
@@ -435,6 +436,7 @@ func (c *Controller) Reload(ctx context.Context, cfg *config.Config, providers u
 	c.loadedAt.Store(&t)
 	c.applyView(cfg)
 	c.sched.SetMaxInFlight(checkInFlight(cfg))
+	c.sched.SetMaxPerSecond(cfg.Checker.MaxPerSecond)
 	c.skipDisabled(ctx)
 	c.life.Signal()
 	c.pub.Trigger()

@@ -27,6 +27,7 @@ func main() {
 	flag.StringVar(&o.PprofProxypool, "pprof-proxypool", "", "the appliance built with pprof (full suite: profile it)")
 	only := flag.String("peers-only", "", "peers suite: comma-separated comparisons to run (http, connect, bulk); empty runs all")
 	flag.Float64Var(&o.SnapshotRate, "snapshot-rate", 0, "snapshot suite: open-loop load in req/s (default 3500)")
+	flag.Float64Var(&o.SnapshotCheckRate, "snapshot-check-rate", -1, "snapshot suite: checker.maxPerSecond during the growth (0: unbounded; negative: the suite's own)")
 	flag.IntVar(&o.PeersRounds, "peers-rounds", 0, "peers suite: rounds instead of the default 5")
 	flag.Parse()
 	if *only != "" {

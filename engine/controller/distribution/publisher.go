@@ -42,6 +42,13 @@ const (
 	DefaultMaxProxies  = 100000
 	DefaultMaxStaleAge = 2 * time.Minute
 	applyTimeout       = 5 * time.Second
+	// restFactor paces Run: a round that took d is followed by at least
+	// restFactor × d (at most Every) before the next one, so a storm of
+	// triggers — a pool growing by thousands of proxies a second, each
+	// turning AVAILABLE — spends at most a quarter of a core on publishing
+	// and leaves the rest to the gateway. Publish called directly
+	// (extraction's revocation) is never held back.
+	restFactor = 3
 )
 
 // View is the configuration-derived part of a snapshot, swapped on reload
@@ -111,6 +118,9 @@ type Publisher struct {
 	exMu     sync.Mutex
 	excluded map[proxy.ID]int
 	exGen    uint64 // counts Exclude and Include calls
+
+	// rest waits d or until ctx ends (Run's pacing; tests replace it).
+	rest func(ctx context.Context, d time.Duration)
 }
 
 // New returns a Publisher with an empty view.
@@ -138,6 +148,14 @@ func New(o Options) *Publisher {
 		cursors: map[string]routing.Cursor{}, cursorDown: map[string]bool{}, excluded: map[proxy.ID]int{},
 	}
 	p.view.Store(&View{MaxStaleAge: DefaultMaxStaleAge})
+	p.rest = func(ctx context.Context, d time.Duration) {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+	}
 	return p
 }
 
@@ -225,9 +243,20 @@ func (p *Publisher) Workers() []WorkerState {
 	return out
 }
 
-// Run publishes every Every and on Trigger until ctx is done.
+// Run publishes every Every and on Trigger until ctx is done, resting
+// restFactor times as long as each round took before the next.
 func (p *Publisher) Run(ctx context.Context) error {
-	loop.Run(ctx, p.o.Every, p.trigger, p.o.Logger, "publishing snapshot", p.Publish)
+	var next time.Time
+	loop.Run(ctx, p.o.Every, p.trigger, p.o.Logger, "publishing snapshot", func(ctx context.Context) error {
+		if d := next.Sub(p.o.Now()); d > 0 {
+			p.rest(ctx, d)
+		}
+		start := p.o.Now()
+		err := p.Publish(ctx)
+		end := p.o.Now()
+		next = end.Add(min(restFactor*end.Sub(start), p.o.Every))
+		return err
+	})
 	return nil
 }
 

@@ -289,3 +289,89 @@ func TestRoutingExclusionsPerWorker(t *testing.T) {
 		t.Fatal("cleared exclusions still published")
 	}
 }
+
+// clockWorker is a worker whose Apply takes `took` on the publisher's
+// clock.
+type clockWorker struct {
+	now     *atomic.Int64 // unix nanoseconds
+	took    time.Duration
+	applied chan uint64
+}
+
+func (w *clockWorker) Apply(_ context.Context, s *worker.Snapshot) error {
+	w.now.Add(int64(w.took))
+	w.applied <- s.Version
+	return nil
+}
+
+// Triggered publishes rest three times as long as the last round took, at
+// most Every, on the publisher's clock; Publish itself never waits.
+func TestRunPacesTriggeredPublishes(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		took, every time.Duration
+		want        time.Duration
+	}{
+		{"three times the round", 100 * time.Millisecond, time.Hour, 300 * time.Millisecond},
+		{"at most Every", 2 * time.Second, 4 * time.Second, 4 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			pool, _ := setup(t, 3)
+			var now atomic.Int64
+			now.Store(t0.UnixNano())
+			clock := func() time.Time { return time.Unix(0, now.Load()).UTC() }
+			w := &clockWorker{now: &now, took: tc.took, applied: make(chan uint64, 16)}
+			p := New(Options{Store: pool, Now: clock, Every: tc.every})
+			p.Register("local", w)
+			rests := make(chan time.Duration, 16)
+			p.rest = func(_ context.Context, d time.Duration) {
+				rests <- d
+				now.Add(int64(d))
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { _ = p.Run(ctx); close(done) }()
+			defer func() { cancel(); <-done }()
+
+			next := func() uint64 {
+				t.Helper()
+				select {
+				case v := <-w.applied:
+					return v
+				case <-time.After(10 * time.Second):
+					t.Fatal("no publish")
+					return 0
+				}
+			}
+			if v := next(); v != 1 { // the first round runs at once
+				t.Fatalf("first version %d", v)
+			}
+			for want := uint64(2); want <= 3; want++ {
+				p.Trigger()
+				if v := next(); v != want {
+					t.Fatalf("version %d, want %d", v, want)
+				}
+				select {
+				case d := <-rests:
+					if d != tc.want {
+						t.Errorf("rested %v before publish %d, want %v", d, want, tc.want)
+					}
+				default:
+					t.Errorf("publish %d did not rest", want)
+				}
+			}
+			// Extraction's direct Publish does not wait for the pacing.
+			if err := p.Publish(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if v := next(); v != 4 {
+				t.Fatalf("direct publish version %d", v)
+			}
+			select {
+			case d := <-rests:
+				t.Errorf("direct Publish rested %v", d)
+			default:
+			}
+		})
+	}
+}
