@@ -468,7 +468,7 @@ func (r *Runner) tunnels(ctx context.Context, p params, gw *Gateway) error {
 		r.fig(Figure{Scenario: sc, Name: fmt.Sprintf("gateway RSS for %d tunnels", p.tunnels), Value: mib(rssBefore + int64(per*float64(p.tunnels))), Unit: "MiB",
 			Note: fmt.Sprintf("RSS before + %d x RSS per held tunnel (measured over %d)", p.tunnels, res.TunnelsOpened)})
 		r.fig(Figure{Scenario: sc, Name: "gateway descriptors per held tunnel", Value: float64(peakFDs.total-fdsBefore.total) / n, Unit: "fds",
-			Note: fmt.Sprintf("sockets %.2f, pipes %.2f per tunnel (pipes are pooled, held only mid-burst)",
+			Note: fmt.Sprintf("sockets %.2f, pipes %.2f per tunnel (copy buffers, and pipes with gateway.tunnelSplice, are pooled and held only mid-burst)",
 				float64(peakFDs.sockets-fdsBefore.sockets)/n, float64(peakFDs.pipes-fdsBefore.pipes)/n)})
 	}
 	return nil
