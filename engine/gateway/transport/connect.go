@@ -36,7 +36,7 @@ func (t *Transport) Connect(ctx context.Context, target *snapshot.Target, author
 	if target.Scheme != proxy.SchemeHTTP {
 		return nil, &Error{Phase: worker.PhaseDial, Err: ErrUnsupportedScheme}
 	}
-	conn, err := t.dialTarget(ctx, target)
+	conn, err := t.dial(ctx, target.Addr)
 	if err != nil {
 		return nil, &Error{Phase: worker.PhaseDial, Err: fmt.Errorf("dialing upstream proxy: %w", err)}
 	}

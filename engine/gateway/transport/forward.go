@@ -115,7 +115,7 @@ func (t *Transport) RoundTrip(ctx context.Context, req *Request, target *snapsho
 	}
 	k := poolKey{addr: target.Addr, auth: target.ProxyAuthorization}
 	err := t.roundTrip(ctx, req, k, resp, func(ctx context.Context) (net.Conn, error) {
-		return t.dialTarget(ctx, target)
+		return t.dial(ctx, target.Addr)
 	})
 	if err != nil {
 		return err

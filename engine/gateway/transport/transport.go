@@ -12,7 +12,6 @@ import (
 
 	"github.com/proxypool/proxypool/engine/config"
 	"github.com/proxypool/proxypool/engine/domain/worker"
-	"github.com/proxypool/proxypool/engine/gateway/snapshot"
 )
 
 // Defaults for the options config.GatewayLimits does not carry.
@@ -141,26 +140,6 @@ func (t *Transport) dial(ctx context.Context, addr string) (net.Conn, error) {
 	return t.dialer.DialContext(ctx, "tcp", addr)
 }
 
-// dialTarget dials an upstream proxy: an IP address (vendors list
-// proxies by address) directly, skipping the resolver's path; a host
-// name through it.
-func (t *Transport) dialTarget(ctx context.Context, target *snapshot.Target) (net.Conn, error) {
-	if ap, err := netip.ParseAddrPort(target.Addr); err == nil {
-		return t.dialIP(ctx, ap)
-	}
-	return t.dial(ctx, target.Addr)
-}
-
-// dialIP dials one address. The *net.TCPConn is returned only when the
-// dial succeeded: a nil one must not become a non-nil net.Conn.
-func (t *Transport) dialIP(ctx context.Context, ap netip.AddrPort) (net.Conn, error) {
-	c, err := t.dialer.DialTCP(ctx, "tcp", netip.AddrPort{}, ap)
-	if err != nil {
-		return nil, err
-	}
-	return c, nil
-}
-
 // dialChecked dials the first of addrs that answers.
 func (t *Transport) dialChecked(ctx context.Context, addrs []netip.AddrPort) (net.Conn, error) {
 	if len(addrs) == 0 {
@@ -168,7 +147,7 @@ func (t *Transport) dialChecked(ctx context.Context, addrs []netip.AddrPort) (ne
 	}
 	var first error
 	for _, ap := range addrs {
-		c, err := t.dialIP(ctx, ap)
+		c, err := t.dialer.DialContext(ctx, "tcp", ap.String())
 		if err == nil {
 			return c, nil
 		}

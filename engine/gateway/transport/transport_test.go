@@ -285,24 +285,3 @@ func TestDirect(t *testing.T) {
 		}
 	})
 }
-
-// A proxy listed by host name is dialed through the resolver, one listed
-// by address directly; both carry requests and tunnels.
-func TestDialByNameAndAddress(t *testing.T) {
-	tg := gwtest.Target(t)
-	up := gwtest.Upstreams(t, 1, "", "")[0]
-	_, port := gwtest.SplitAddr(t, up.Addr())
-	tr := transport.New(transport.Options{})
-	defer tr.CloseIdleConnections()
-	for _, host := range []string{"localhost", "127.0.0.1"} {
-		tgt := target(t, gwtest.MakeProxy("u", host, port, "", "", time.Now()))
-		if status, _, err := roundTrip(tr, get(t, tg.URL()+"/by-"+host), tgt); err != nil || status != 200 {
-			t.Fatalf("%s: GET status %d, %v", host, status, err)
-		}
-		tun, err := tr.Connect(context.Background(), tgt, tg.Addr())
-		if err != nil {
-			t.Fatalf("%s: CONNECT: %v", host, err)
-		}
-		tun.Conn.Close()
-	}
-}
