@@ -373,7 +373,7 @@ func (t *Transport) sendBody(pc *pconn, req *Request, resp *Response) error {
 // on wdone it sets the read deadline the reader then needs, so that the
 // reader owns the connection's deadlines once it has the report.
 func (pc *pconn) writeBody(body io.Reader, headerTimeout time.Duration) {
-	err := copyBody(pc.conn, body)
+	err := copyBody(pc.conn, body, headerTimeout, &pc.stopping)
 	var be *BodyError
 	switch {
 	case err == nil:
@@ -416,13 +416,23 @@ func (pc *pconn) endBody(req *Request) error {
 
 // copyBody streams a request body upstream; read failures are the
 // client's (BodyError), write failures the upstream's.
-func copyBody(dst net.Conn, body io.Reader) error {
+//
+// An upstream that takes nothing for stall (responseHeaderTimeout) fails
+// the write: it neither reads the body nor answers. Each write gets a new
+// deadline; stopping is checked after setting it, so a stop (endBody sets
+// stopping, then a past deadline) is never overwritten by a fresh one.
+func copyBody(dst net.Conn, body io.Reader, stall time.Duration, stopping *atomic.Bool) error {
 	bp := copyBufPool.Get().(*[]byte)
 	defer copyBufPool.Put(bp)
+	defer func() { _ = dst.SetWriteDeadline(time.Time{}) }()
 	buf := *bp
 	for {
 		n, rerr := body.Read(buf)
 		if n > 0 {
+			_ = dst.SetWriteDeadline(time.Now().Add(stall))
+			if stopping.Load() {
+				return fmt.Errorf("writing request body: %w", os.ErrDeadlineExceeded)
+			}
 			if _, err := dst.Write(buf[:n]); err != nil {
 				return fmt.Errorf("writing request body: %w", err)
 			}

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/proxypool/proxypool/engine/domain/worker"
 	"github.com/proxypool/proxypool/engine/gateway/internal/gwtest"
 	"github.com/proxypool/proxypool/engine/gateway/snapshot"
 	"github.com/proxypool/proxypool/engine/gateway/transport"
@@ -259,4 +260,26 @@ func TestBrokenBodyWakesReader(t *testing.T) {
 		t.Fatal("a broken body left the exchange waiting for the upstream")
 	}
 	close(up.release)
+}
+
+// An upstream that stops reading the body and never answers fails the
+// exchange within its timeouts instead of holding the writer forever.
+func TestStalledUpstreamFailsUpload(t *testing.T) {
+	up := newEarlyUpstream(t, 64<<10, "", false)
+	tr := transport.New(transport.Options{ResponseHeaderTimeout: 200 * time.Millisecond})
+	defer tr.Close()
+	before := runtime.NumGoroutine()
+	body := &upload{left: uploadSize}
+	req := request("POST", body, "Content-Length: "+strconv.Itoa(uploadSize)+"\r\n")
+	_, _, err := exchange(tr, &wireProxy{target: up.target}, req)
+	var te *transport.Error
+	if !errors.As(err, &te) || te.Phase != worker.PhaseResponseHeaders {
+		t.Fatalf("stalled upstream: %v, want a response_headers failure", err)
+	}
+	if n := body.read.Load(); n >= uploadSize {
+		t.Fatalf("the whole body (%d bytes) went to an upstream that read none of it", n)
+	}
+	close(up.release)
+	<-up.peerClosed // the failed connection was closed, not kept
+	noLeak(t, before)
 }
