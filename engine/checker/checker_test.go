@@ -347,9 +347,10 @@ func TestSchedulerMaxPerSecond(t *testing.T) {
 	ex := &fastExec{started: make(chan proxy.ID, 100)}
 	s := NewScheduler(SchedulerOptions{Executor: ex, MaxInFlight: 64, QueueSize: 100, MaxPerSecond: 40, Now: clock})
 	var rested atomic.Int64
-	s.rest = func(_ context.Context, d time.Duration) {
+	s.rest = func(_ context.Context, d time.Duration, _ <-chan struct{}) restEnd {
 		rested.Add(int64(d))
 		now.Add(int64(d))
+		return restDone
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -382,5 +383,31 @@ func TestSchedulerMaxPerSecond(t *testing.T) {
 	}
 	if d := rested.Load() - before; d != 0 {
 		t.Errorf("rested %v with no bound", time.Duration(d))
+	}
+}
+
+// A reload lifting the bound frees a start that was waiting at the old
+// rate at once, not after the old delay.
+func TestSchedulerReloadWakesPacedStart(t *testing.T) {
+	t0 := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	ex := &fastExec{started: make(chan proxy.ID, 10)}
+	// One check per ~11 days: the second start waits on a real timer far
+	// longer than the test's bound unless the reload wakes it.
+	s := NewScheduler(SchedulerOptions{Executor: ex, MaxInFlight: 4, QueueSize: 10, MaxPerSecond: 1e-6, Now: func() time.Time { return t0 }})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = s.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	for _, id := range []string{"first", "second"} {
+		if err := s.Submit(task(id, PriorityHigh)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := recv(t, ex.started); got != "first" {
+		t.Fatalf("first start %s", got)
+	}
+	s.SetMaxPerSecond(0)
+	if got := recv(t, ex.started); got != "second" {
+		t.Fatalf("second start %s", got)
 	}
 }

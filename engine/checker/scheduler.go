@@ -85,11 +85,12 @@ type Scheduler struct {
 	wake      chan struct{}
 	m         *schedMetrics
 
-	// rate paces starts (MaxPerSecond); rest waits out its delays and is
-	// replaced by tests.
-	rate *rate.Limiter
-	now  func() time.Time
-	rest func(ctx context.Context, d time.Duration)
+	// rate paces starts (MaxPerSecond); rest waits out its delays, or
+	// until rateChanged (a reload) or ctx ends, and is replaced by tests.
+	rate        *rate.Limiter
+	now         func() time.Time
+	rest        func(ctx context.Context, d time.Duration, changed <-chan struct{}) restEnd
+	rateChanged chan struct{}
 
 	mu       sync.Mutex
 	limit    int
@@ -117,17 +118,18 @@ func NewScheduler(o SchedulerOptions) *Scheduler {
 		o.Now = time.Now
 	}
 	return &Scheduler{
-		exec:      o.Executor,
-		report:    o.Report,
-		rate:      rate.NewLimiter(checkRate(o.MaxPerSecond), checkBurst(o.MaxPerSecond)),
-		now:       o.Now,
-		rest:      restFor,
-		limit:     o.MaxInFlight,
-		queueSize: o.QueueSize,
-		wake:      make(chan struct{}, 1),
-		m:         newSchedMetrics(o.Registry),
-		pending:   make(map[Key]bool),
-		perProxy:  make(map[proxy.ID]int),
+		exec:        o.Executor,
+		report:      o.Report,
+		rate:        rate.NewLimiter(checkRate(o.MaxPerSecond), checkBurst(o.MaxPerSecond)),
+		now:         o.Now,
+		rest:        restFor,
+		rateChanged: make(chan struct{}, 1),
+		limit:       o.MaxInFlight,
+		queueSize:   o.QueueSize,
+		wake:        make(chan struct{}, 1),
+		m:           newSchedMetrics(o.Registry),
+		pending:     make(map[Key]bool),
+		perProxy:    make(map[proxy.ID]int),
 	}
 }
 
@@ -149,6 +151,10 @@ func (s *Scheduler) SetMaxPerSecond(r float64) {
 	now := s.now()
 	s.rate.SetLimitAt(now, checkRate(r))
 	s.rate.SetBurstAt(now, checkBurst(r))
+	select { // a start waiting at the old rate re-reserves at the new one
+	case s.rateChanged <- struct{}{}:
+	default:
+	}
 }
 
 func checkRate(r float64) rate.Limit {
@@ -161,12 +167,46 @@ func checkRate(r float64) rate.Limit {
 // checkBurst lets a twentieth of a second's checks start at once.
 func checkBurst(r float64) int { return max(1, int(r/20)) }
 
-func restFor(ctx context.Context, d time.Duration) {
+// restEnd is why a rest ended.
+type restEnd int
+
+const (
+	restDone     restEnd = iota // the delay passed
+	restCanceled                // ctx ended
+	restChanged                 // the bound was reloaded
+)
+
+func restFor(ctx context.Context, d time.Duration, changed <-chan struct{}) restEnd {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
+		return restCanceled
+	case <-changed:
+		return restChanged
 	case <-t.C:
+		return restDone
+	}
+}
+
+// pace waits until the bound on checks per second lets one more start;
+// false when ctx ended first.
+func (s *Scheduler) pace(ctx context.Context) bool {
+	for {
+		now := s.now()
+		r := s.rate.ReserveN(now, 1)
+		d := r.DelayFrom(now)
+		if d <= 0 {
+			return true
+		}
+		switch s.rest(ctx, d, s.rateChanged) {
+		case restDone:
+			return true
+		case restCanceled:
+			r.CancelAt(s.now())
+			return false
+		}
+		r.CancelAt(s.now()) // reloaded: reserve again at the new rate
 	}
 }
 
@@ -274,15 +314,12 @@ func (s *Scheduler) Run(ctx context.Context) error {
 				return nil
 			}
 		}
-		if d := s.rate.ReserveN(s.now(), 1).DelayFrom(s.now()); d > 0 {
-			s.rest(ctx, d)
-			if ctx.Err() != nil {
-				s.mu.Lock()
-				s.unpendLocked(t.Key())
-				s.running--
-				s.mu.Unlock()
-				return nil
-			}
+		if !s.pace(ctx) {
+			s.mu.Lock()
+			s.unpendLocked(t.Key())
+			s.running--
+			s.mu.Unlock()
+			return nil
 		}
 		wg.Add(1)
 		go func() {

@@ -290,8 +290,10 @@ func (c *Config) validate() Errors {
 	for i := range c.Routings {
 		c.validateRouting(v, i, names, routings)
 	}
-	if r := c.Checker.MaxPerSecond; r < 0 || r > 1e6 || r != r {
-		v.add("checker.maxPerSecond", "must be between 0 (no bound) and 1000000, got %v", r)
+	// Below one check a second a typo would stall checking (new proxies
+	// never become AVAILABLE): 0 or 1 to 1,000,000.
+	if r := c.Checker.MaxPerSecond; r != 0 && (r < 1 || r > 1e6 || r != r) {
+		v.add("checker.maxPerSecond", "must be 0 (no bound) or between 1 and 1000000, got %v", r)
 	}
 	e := c.Extraction
 	v.positive("extraction.minRemainingTTL", e.MinRemainingTTL)

@@ -9,7 +9,8 @@
 // demand, resting three times as long as a round took before the next
 // (at most the ticker's period), so a storm of triggers while the pool
 // grows by thousands of proxies a second costs at most a quarter of a
-// core; a direct Publish (extraction) never waits. Proxies being revoked for extraction are excluded from
+// core while rounds take under a third of that period; a direct Publish
+// (extraction) never waits. Proxies being revoked for extraction are excluded from
 // assignment and from every snapshot until released, which is what lets
 // extraction drain them.
 //

@@ -46,8 +46,9 @@ const (
 	// restFactor × d (at most Every) before the next one, so a storm of
 	// triggers — a pool growing by thousands of proxies a second, each
 	// turning AVAILABLE — spends at most a quarter of a core on publishing
-	// and leaves the rest to the gateway. Publish called directly
-	// (extraction's revocation) is never held back.
+	// while rounds take under Every/3 (a longer round rests Every) and
+	// leaves the rest to the gateway. Publish called directly (extraction's
+	// revocation) is never held back.
 	restFactor = 3
 )
 
@@ -119,8 +120,11 @@ type Publisher struct {
 	excluded map[proxy.ID]int
 	exGen    uint64 // counts Exclude and Include calls
 
-	// rest waits d or until ctx ends (Run's pacing; tests replace it).
-	rest func(ctx context.Context, d time.Duration)
+	// Run's pacing: clock measures rounds (the monotonic clock, never the
+	// domain clock o.Now, which may be fake or step), rest waits d or
+	// until ctx ends. Tests replace both.
+	clock func() time.Time
+	rest  func(ctx context.Context, d time.Duration)
 }
 
 // New returns a Publisher with an empty view.
@@ -148,6 +152,7 @@ func New(o Options) *Publisher {
 		cursors: map[string]routing.Cursor{}, cursorDown: map[string]bool{}, excluded: map[proxy.ID]int{},
 	}
 	p.view.Store(&View{MaxStaleAge: DefaultMaxStaleAge})
+	p.clock = time.Now
 	p.rest = func(ctx context.Context, d time.Duration) {
 		t := time.NewTimer(d)
 		defer t.Stop()
@@ -248,12 +253,15 @@ func (p *Publisher) Workers() []WorkerState {
 func (p *Publisher) Run(ctx context.Context) error {
 	var next time.Time
 	loop.Run(ctx, p.o.Every, p.trigger, p.o.Logger, "publishing snapshot", func(ctx context.Context) error {
-		if d := next.Sub(p.o.Now()); d > 0 {
+		if d := next.Sub(p.clock()); d > 0 {
 			p.rest(ctx, d)
+			if ctx.Err() != nil {
+				return nil
+			}
 		}
-		start := p.o.Now()
+		start := p.clock()
 		err := p.Publish(ctx)
-		end := p.o.Now()
+		end := p.clock()
 		next = end.Add(min(restFactor*end.Sub(start), p.o.Every))
 		return err
 	})

@@ -305,7 +305,8 @@ func (w *clockWorker) Apply(_ context.Context, s *worker.Snapshot) error {
 }
 
 // Triggered publishes rest three times as long as the last round took, at
-// most Every, on the publisher's clock; Publish itself never waits.
+// most Every; Publish itself never waits. The test's clock stands in for
+// the monotonic clock the pacing reads.
 func TestRunPacesTriggeredPublishes(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
@@ -323,6 +324,7 @@ func TestRunPacesTriggeredPublishes(t *testing.T) {
 			w := &clockWorker{now: &now, took: tc.took, applied: make(chan uint64, 16)}
 			p := New(Options{Store: pool, Now: clock, Every: tc.every})
 			p.Register("local", w)
+			p.clock = clock
 			rests := make(chan time.Duration, 16)
 			p.rest = func(_ context.Context, d time.Duration) {
 				rests <- d
