@@ -46,20 +46,55 @@ type Options struct {
 // Pool is the bounded set of pipes and large buffers shared by every
 // tunnel copied through it, plus the small buffers of other bursts.
 type Pool struct {
-	splice         bool
-	max, pipeBytes int
-	idle           chan *pipe   // open pipes not in use; capacity max
-	live           atomic.Int64 // open pipes, in use or idle
-	created        atomic.Uint64
-	discarded      atomic.Uint64
-	fallbacks      atomic.Uint64
+	splice    bool
+	pipeBytes int
+	pipes     bounded[*pipe]
+	created   atomic.Uint64
+	discarded atomic.Uint64
+	fallbacks atomic.Uint64
 
-	maxLarge    int64
-	large       chan *[]byte // large buffers not in use; capacity maxLarge
-	liveLarge   atomic.Int64 // large buffers allocated, in use or idle
+	large       bounded[*[]byte]
 	largeMisses atomic.Uint64
 	small       sync.Pool // *[]byte of smallBufferBytes
 }
+
+// bounded is a set of at most max reusable values: those not in use wait
+// in idle, live counts those that exist.
+type bounded[T any] struct {
+	idle chan T
+	live atomic.Int64
+	max  int64
+}
+
+func newBounded[T any](n int) bounded[T] {
+	return bounded[T]{idle: make(chan T, n), max: int64(n)}
+}
+
+// take returns an idle value (ok), or while fewer than max exist the
+// right to make one (mk: the caller makes it, and calls drop if it
+// cannot); neither when all are in use.
+func (b *bounded[T]) take() (v T, ok, mk bool) {
+	select {
+	case v := <-b.idle:
+		return v, true, false
+	default:
+	}
+	for {
+		n := b.live.Load()
+		if n >= b.max {
+			return v, false, false
+		}
+		if b.live.CompareAndSwap(n, n+1) {
+			return v, false, true
+		}
+	}
+}
+
+// put gives a value back; it never blocks, as at most max exist.
+func (b *bounded[T]) put(v T) { b.idle <- v }
+
+// drop forgets a value that was not given back (closed, discarded).
+func (b *bounded[T]) drop() { b.live.Add(-1) }
 
 // Stats are a Pool's counters.
 type Stats struct {
@@ -90,8 +125,8 @@ func NewPool(o Options) *Pool {
 	}
 	o.LargeBuffers = max(o.LargeBuffers, 0)
 	p := &Pool{
-		splice: o.Splice && o.Pipes > 0, max: o.Pipes, pipeBytes: o.PipeBytes, idle: make(chan *pipe, o.Pipes),
-		maxLarge: int64(o.LargeBuffers), large: make(chan *[]byte, o.LargeBuffers),
+		splice: o.Splice && o.Pipes > 0, pipeBytes: o.PipeBytes,
+		pipes: newBounded[*pipe](o.Pipes), large: newBounded[*[]byte](o.LargeBuffers),
 	}
 	p.small.New = func() any { b := make([]byte, smallBufferBytes); return &b }
 	return p
@@ -100,13 +135,13 @@ func NewPool(o Options) *Pool {
 // Stats reports the pool's counters.
 func (p *Pool) Stats() Stats {
 	return Stats{
-		Live:        int(p.live.Load()),
-		Idle:        len(p.idle),
+		Live:        int(p.pipes.live.Load()),
+		Idle:        len(p.pipes.idle),
 		Created:     p.created.Load(),
 		Discarded:   p.discarded.Load(),
 		Fallbacks:   p.fallbacks.Load(),
-		LargeLive:   int(p.liveLarge.Load()),
-		LargeIdle:   len(p.large),
+		LargeLive:   int(p.large.live.Load()),
+		LargeIdle:   len(p.large.idle),
 		LargeMisses: p.largeMisses.Load(),
 	}
 }
@@ -184,21 +219,15 @@ func (p *Pool) bufferCopy(dst io.Writer, src io.Reader) (int64, error) {
 // getLarge takes an idle large buffer or allocates one while fewer than
 // the bound exist; nil when all are in use.
 func (p *Pool) getLarge() *[]byte {
-	select {
-	case b := <-p.large:
-		return b
-	default:
+	b, ok, mk := p.large.take()
+	if mk {
+		buf := make([]byte, LargeBufferBytes)
+		return &buf
 	}
-	for {
-		n := p.liveLarge.Load()
-		if n >= p.maxLarge {
-			return nil
-		}
-		if p.liveLarge.CompareAndSwap(n, n+1) {
-			b := make([]byte, LargeBufferBytes)
-			return &b
-		}
+	if !ok {
+		return nil
 	}
+	return b
 }
 
 // bufferBurst copies one read's worth from src (known to be readable) to
@@ -232,7 +261,7 @@ func (p *Pool) bufferBurst(dst io.Writer, src io.Reader, bulk *bool) (int64, err
 		}
 	}
 	if large {
-		p.large <- b // never blocks: at most maxLarge exist
+		p.large.put(b)
 	} else {
 		p.small.Put(b)
 	}

@@ -316,10 +316,10 @@ func TestExhaustedPoolFallsBackToBuffers(t *testing.T) {
 // checkPooledPipes fails if a pipe waiting in the pool holds a byte.
 func checkPooledPipes(t *testing.T, pool *Pool) {
 	t.Helper()
-	for range len(pool.idle) {
-		pp := <-pool.idle
+	for range len(pool.pipes.idle) {
+		pp := <-pool.pipes.idle
 		n, err := unix.IoctlGetInt(pp.r, unix.TIOCINQ)
-		pool.idle <- pp
+		pool.pipes.idle <- pp
 		if err != nil || n != 0 || pp.data != 0 {
 			t.Errorf("a pooled pipe holds %d bytes (%v)", n, err)
 		}

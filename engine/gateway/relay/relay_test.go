@@ -209,11 +209,11 @@ func TestCopyIntactBothWays(t *testing.T) {
 func assertPoolSettled(t *testing.T, pool *Pool, discarded uint64) {
 	t.Helper()
 	st := pool.Stats()
-	if st.Live != st.Idle || st.Live > pool.max || st.Discarded != discarded {
-		t.Errorf("pool %+v: want every open pipe idle, at most %d, %d discarded", st, pool.max, discarded)
+	if st.Live != st.Idle || int64(st.Live) > pool.pipes.max || st.Discarded != discarded {
+		t.Errorf("pool %+v: want every open pipe idle, at most %d, %d discarded", st, pool.pipes.max, discarded)
 	}
-	if st.LargeLive != st.LargeIdle || int64(st.LargeLive) > pool.maxLarge {
-		t.Errorf("pool %+v: want every large buffer idle, at most %d", st, pool.maxLarge)
+	if st.LargeLive != st.LargeIdle || int64(st.LargeLive) > pool.large.max {
+		t.Errorf("pool %+v: want every large buffer idle, at most %d", st, pool.large.max)
 	}
 	checkPooledPipes(t, pool)
 }

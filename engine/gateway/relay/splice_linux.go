@@ -41,23 +41,16 @@ func newPipe(want int) (*pipe, error) {
 // get takes an idle pipe or opens one while fewer than max are open; nil
 // when the pool is exhausted (or a pipe cannot be opened).
 func (p *Pool) get() *pipe {
-	select {
-	case pp := <-p.idle:
+	pp, ok, mk := p.pipes.take()
+	switch {
+	case ok:
 		return pp
-	default:
-	}
-	for {
-		n := p.live.Load()
-		if n >= int64(p.max) {
-			return nil
-		}
-		if p.live.CompareAndSwap(n, n+1) {
-			break
-		}
+	case !mk:
+		return nil
 	}
 	pp, err := newPipe(p.pipeBytes)
 	if err != nil {
-		p.live.Add(-1)
+		p.pipes.drop()
 		return nil
 	}
 	p.created.Add(1)
@@ -71,11 +64,11 @@ func (p *Pool) put(pp *pipe) {
 	if pp.data != 0 {
 		_ = unix.Close(pp.r)
 		_ = unix.Close(pp.w)
-		p.live.Add(-1)
+		p.pipes.drop()
 		p.discarded.Add(1)
 		return
 	}
-	p.idle <- pp // never blocks: at most max pipes are open
+	p.pipes.put(pp)
 }
 
 // copyOne copies src to dst until src ends. A TCP src is waited on with
