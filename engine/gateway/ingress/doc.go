@@ -35,10 +35,11 @@
 // responses say Connection: close), poll every 20 ms until none is left or
 // the deadline; Server.Close then closes every connection, upstream
 // exchanges in progress included, and cancels the requests' context.
-// A client that leaves is noticed when the gateway next reads or writes
-// its connection: there is no background read per request, so a request
-// parked by onUnavailable "wait" or waiting for upstream headers runs on
-// until its waitTimeout or responseHeaderTimeout.
+// A forwarded request parked by onUnavailable "wait" or waiting for
+// upstream headers for longer than 500 ms has its client connection
+// watched (watch.go: a peek, nothing consumed, no background read per
+// request): a client that leaves cancels it, aborts the upstream exchange,
+// releases the proxy without an outcome and closes the connection.
 //
 // Metrics: proxypool_gateway_requests_total{method_class,result},
 // proxypool_gateway_request_duration_seconds{method_class},

@@ -354,7 +354,7 @@ func (h *Handler) serveForward(c *conn, p *Policy, cl *Client) (result, bool) {
 	if err != nil {
 		return h.reject(c, 400, ReasonBadTarget)
 	}
-	ctx := c.srv.ctx
+	ctx := c.context()
 	addrs, res, ok := h.checkDestination(ctx, c, p, host, port)
 	if !ok {
 		return res, res != resultCanceled && c.keepAlive()
@@ -387,7 +387,14 @@ func (h *Handler) serveForward(c *conn, p *Policy, cl *Client) (result, bool) {
 	*req = dispatch.Request{Host: host, Port: port, Client: cl.Name, Header: h.stickyHeader(&c.req), UserSession: cl.Session}
 	var lastErr error
 	for try := 0; ; try++ {
+		c.watchClient()
 		a, err := h.d.Acquire(ctx, req)
+		if c.unwatchClient() {
+			if err == nil {
+				h.d.Release(a, worker.Outcome{})
+			}
+			return resultCanceled, false
+		}
 		if err != nil {
 			switch {
 			case lastErr != nil:
@@ -400,9 +407,21 @@ func (h *Handler) serveForward(c *conn, p *Policy, cl *Client) (result, bool) {
 		c.out = appendOutbound(c.out[:0], &c.req, c.auth, a.Rule.StickyHeader)
 		c.treq.Header = c.out
 		start := time.Now()
+		if !hasBody { // else the transport reads the client
+			c.watchClient()
+		}
 		err = h.f.RoundTrip(ctx, &c.treq, a.Target, &c.resp)
+		left := c.unwatchClient()
 		h.m.bytesUp.Add(float64(c.body.N))
 		c.body.N = 0
+		if left {
+			// Not the proxy's failure: no outcome.
+			if err == nil {
+				c.resp.Close()
+			}
+			h.d.Release(a, worker.Outcome{})
+			return resultCanceled, false
+		}
 		if err != nil {
 			var be *transport.BodyError
 			if errors.As(err, &be) {
@@ -498,15 +517,25 @@ func (h *Handler) forwardDirect(c *conn, sticky string, addrs []netip.AddrPort) 
 	h.m.direct.Inc()
 	c.out = appendOutbound(c.out[:0], &c.req, c.auth, sticky)
 	c.treq.Header = c.out
-	err := h.f.DirectRoundTrip(c.srv.ctx, &c.treq, addrs, &c.resp)
+	if c.body.Done() {
+		c.watchClient()
+	}
+	err := h.f.DirectRoundTrip(c.ctx, &c.treq, addrs, &c.resp)
+	left := c.unwatchClient()
 	h.m.bytesUp.Add(float64(c.body.N))
 	c.body.N = 0
+	if left {
+		if err == nil {
+			c.resp.Close()
+		}
+		return resultCanceled, false
+	}
 	if err != nil {
 		var be *transport.BodyError
 		if errors.As(err, &be) {
 			return h.clientBodyFailed(c, be)
 		}
-		if c.srv.ctx.Err() != nil {
+		if c.ctx.Err() != nil {
 			return resultCanceled, false
 		}
 		h.log.Debug("direct request failed", "err", err)
@@ -557,6 +586,7 @@ func (h *Handler) stream(c *conn) (result, worker.Outcome, bool) {
 		return resultCanceled, worker.Outcome{Success: true}, false
 	}
 	if !body {
+		resp.Close() // pool the upstream connection before the client can ask again
 		if err := bw.Flush(); err != nil {
 			return resultCanceled, worker.Outcome{Success: true}, false
 		}
@@ -583,6 +613,9 @@ func (h *Handler) stream(c *conn) (result, worker.Outcome, bool) {
 			}
 		}
 		if rerr == io.EOF || (rerr == nil && resp.Body.Done()) {
+			// The body is in our buffer: pool the upstream connection
+			// before the client, once it has the end, can ask again.
+			resp.Close()
 			if err := bw.Flush(); err != nil {
 				return resultCanceled, worker.Outcome{Success: true}, false
 			}

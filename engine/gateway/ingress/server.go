@@ -182,6 +182,12 @@ type conn struct {
 	linger bool // close with lingerClose
 	state  atomic.Uint32
 
+	// Forwarded requests run under ctx, which ends with the server's or
+	// when the client is found gone (watch.go); made on the first one.
+	ctx    context.Context
+	cancel context.CancelFunc
+	watch  watcher
+
 	lprev, lnext *conn
 	shard        int
 }
@@ -211,6 +217,9 @@ func (c *conn) serve() {
 // finish closes the connection and gives its buffers back.
 func (c *conn) finish() {
 	c.state.Store(stateClosed)
+	if c.cancel != nil {
+		c.cancel()
+	}
 	c.releaseBuffers()
 	if c.linger {
 		c.lingerClose()
@@ -318,6 +327,14 @@ func (c *conn) idle() bool {
 // (if any) was read to the end, and no drain is under way.
 func (c *conn) keepAlive() bool {
 	return c.req.KeepAlive && c.body.Done() && !c.srv.draining.Load()
+}
+
+// context returns the context of the connection's forwarded requests.
+func (c *conn) context() context.Context {
+	if c.ctx == nil {
+		c.ctx, c.cancel = context.WithCancel(c.srv.ctx)
+	}
+	return c.ctx
 }
 
 // sendContinue answers a client waiting for 100 Continue.
