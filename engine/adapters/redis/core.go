@@ -75,8 +75,16 @@ type Options struct {
 	// filter matching nothing in a huge pool cannot stall Redis; past it
 	// the extraction acts as if the pool were exhausted.
 	MaxExamined int
-	// MaxList bounds List without a Limit.
+	// MaxList bounds List without a Limit, and the proxies one Changes
+	// answer reads (past it the answer is a Reset: listing costs no more).
 	MaxList int
+	// MaxChangeLog bounds the change log Changes reads: Changes and Sweep
+	// trim it to the latest changes of this many proxies (the distinct
+	// proxies changed after a trim add to it until the next); a caller
+	// further behind gets a Reset. Default MaxList: a caller that missed
+	// the changes of more proxies than that is answered Reset anyway, and
+	// one that missed fewer finds them all in a log that long.
+	MaxChangeLog int
 	// OnGeneration is called (once per change, from the operation that saw
 	// it) when Redis turned out to be on a new generation.
 	OnGeneration func(old, new string)
@@ -113,6 +121,9 @@ func (o *Options) defaults() error {
 	}
 	if o.MaxList <= 0 {
 		o.MaxList = DefaultMaxList
+	}
+	if o.MaxChangeLog <= 0 {
+		o.MaxChangeLog = o.MaxList
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -174,8 +185,9 @@ func (l clientLog) Printf(ctx context.Context, format string, v ...any) {
 // is part of every key: a process of another layout works on other keys —
 // a pool of its own, refilled from the providers — instead of misreading
 // these. Bumped on every layout change; 2 added the free indexes per
-// upstream and region, carrier and protocol.
-const layout = "2"
+// upstream and region, carrier and protocol; 3 the change log (a process
+// of layout 2 would change proxies without recording it).
+const layout = "3"
 
 // core is what the Pool and the Coordinator share: the client, the key
 // prefix and the generation this process believes in.

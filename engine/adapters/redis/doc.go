@@ -19,6 +19,23 @@
 // partial / allOrNothing, the moves to EXTRACTED and the TTL-bound
 // idempotency result — is atomic.
 //
+// Pool also implements activitypool.ChangeFeed, so the snapshot publisher
+// follows what changed instead of listing every AVAILABLE proxy each
+// round. Every script that changes a proxy (admission, transition, health,
+// ownership, extraction, removal, reclaim, sweep) records its ID, in the
+// same script, in the change log: the sorted set "changes", scored by a
+// version taken once per script from the counter "changes:v" (a proxy
+// changed again moves to its latest version, so it is there once). A key
+// Redis expired is recorded when Changes or Sweep drops its ID from the
+// state indexes. Changes and Sweep trim the log to MaxChangeLog proxies
+// (in between, the distinct proxies changed add to it), raising
+// "changes:floor" to the highest version dropped; Changes reads
+// the version and the IDs after the caller's in one script, then the
+// proxies in pipelined batches. A version older than the floor, of an
+// earlier generation (the counter restarts with it; the Pool offsets each
+// generation's versions past every one it handed out), or with more than
+// MaxList proxies changed since answers Reset: the caller lists.
+//
 // OwnerLease (GrantOwnerLease, RenewOwnerLease, ReleaseOwnerLease,
 // AssignOwner, ReclaimOwner) fences worker ownership with epochs: a lost
 // worker's proxies are reclaimed only once its lease expired.
@@ -38,9 +55,10 @@
 //
 // Keys are "{namespace}:<layout>:…" (one hash tag, so one cluster slot).
 // The layout number changes with every change to keys, index members or
-// hash fields (2: the attribute free indexes): a process of another layout
-// works on other keys, its own pool refilled from the providers, and never
-// misreads these. To a new layout's processes an upgrade is a lost state
+// hash fields, or to what every writer must maintain (2: the attribute
+// free indexes; 3: the change log, which a process of layout 2 would not
+// write): a process of another layout works on other keys, its own pool
+// refilled from the providers, and never misreads these. To a new layout's processes an upgrade is a lost state
 // (a new generation: leases, permits, ledgers start afresh); during a
 // rolling upgrade old and new processes hold separate pools and fetch
 // leases. Keys of an abandoned layout are not cleaned up: proxy hashes
@@ -48,7 +66,8 @@
 // client's dial/read/write/pool timeouts, OpTimeout per operation (no
 // operation waits on an unreachable server longer), no client-side retries
 // (a retried extraction would consume twice), MaxExamined candidates per
-// extraction, MaxList, MaxWorkers, the sweep batch.
+// extraction, MaxList, MaxChangeLog, MaxWorkers, the sweep batch, the
+// change log's trim, expiry-drop and read batches.
 //
 // This package must never import the PostgreSQL driver, net/http, the
 // gateway or the controller: it depends on the domain contracts and

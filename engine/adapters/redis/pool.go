@@ -41,6 +41,7 @@ import (
 // removes what key expiry leaves behind in the indexes.
 type Pool struct {
 	*core
+	feed feedState
 }
 
 // Open connects with the storage.redis section of a validated config (its
@@ -472,11 +473,12 @@ type SweepResult struct {
 
 // Sweep is the housekeeping key TTLs cannot do (the embedded pool's Sweep
 // equivalent): it deletes REMOVED entries, drops index members of keys
-// Redis expired (correcting slot sums) and forgets emptied upstreams. It
+// Redis expired (correcting slot sums, recording the changes), forgets
+// emptied upstreams and trims the change log to MaxChangeLog. It
 // examines at most a bounded number of members per index; the controller
 // calls it periodically.
 func (p *Pool) Sweep(ctx context.Context) (SweepResult, error) {
-	r, err := p.run(ctx, scriptSweep, "sweep activity pool", p.Generation(), sweepBatch)
+	r, err := p.run(ctx, scriptSweep, "sweep activity pool", p.Generation(), sweepBatch, p.opts.MaxChangeLog, changeTrimBatch)
 	if err != nil {
 		return SweepResult{}, err
 	}

@@ -34,6 +34,7 @@ var (
 	scriptInventory  = script("inventory")
 	scriptExtract    = script("extract")
 	scriptSweep      = script("sweep")
+	scriptChanges    = script("changes")
 
 	scriptOwnerGrant   = script("owner_grant")
 	scriptOwnerRenew   = script("owner_renew")

@@ -5,11 +5,11 @@ local up, maxSize, grace, n = ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), ton
 local now = nowus()
 local nowms = math.floor(now / 1000)
 local managed = 0
-for st = 1, 6 do
-  local key = skey(up, st)
-  -- Entries whose key expired server-side leave their id behind.
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', '(' .. s(nowms))
-  if maxSize > 0 then managed = managed + redis.call('ZCARD', key) end
+if maxSize > 0 then
+  -- Entries whose key expired server-side leave their id behind, scored
+  -- by that deadline: they are not counted (Sweep and Changes drop them,
+  -- recording the change).
+  for st = 1, 6 do managed = managed + redis.call('ZCOUNT', skey(up, st), s(nowms), '+inf') end
 end
 local added, dup, full = {}, 0, 0
 for i = 0, n - 1 do
@@ -52,4 +52,5 @@ for i = 0, n - 1 do
   end
 end
 if #added > 0 then redis.call('SADD', K .. 'ups', up) end
+changedAll(added)
 return {'OK', dup, full, added}

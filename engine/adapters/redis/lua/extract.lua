@@ -212,6 +212,7 @@ for _, p in ipairs(picked) do
 end
 for _, up in ipairs(upNames) do
   local g = byUp[up]
+  changedAll(g.ids)
   bulk('ZREM', skey(up, AVAILABLE), g.ids)
   bulk('ZADD', skey(up, EXTRACTED), g.moved)
   -- Every picked member is in the AVAILABLE index: it was AVAILABLE with

@@ -8,5 +8,5 @@ if not e[1] then return {'NF'} end
 if tonumber(e[1]) ~= from then return {'CF', tonumber(e[1])} end
 redis.call('HSET', pk, 'lc', ARGV[6], 'cf', ARGV[9])
 if ARGV[7] == '1' then redis.call('HSET', pk, 'ls', ARGV[6], 'lat', ARGV[8]) end
-if from ~= to then move(id, e, to) end
+if from ~= to then move(id, e, to) else changed(id) end
 return {'OK'}

@@ -34,6 +34,56 @@ local function sskey(up) return K .. 'u:' .. up .. ':ss' end
 local function owkey(w) return K .. 'ow:' .. w end
 local GFREE = K .. 'fr'
 
+-- The change log (ChangeFeed): every script that changes a proxy — a field
+-- of its hash, its state, its deletion, or the expiry of its key noticed —
+-- records its id in the sorted set CHANGES, scored by the script's version:
+-- one INCR of CVER per script that changes anything, one ZADD per proxy or
+-- per batch of them (a proxy changed again moves to the later version, so
+-- it appears once).
+-- Trimming drops the lowest versions and raises CFLOOR to the highest one
+-- dropped: a reader behind it cannot know what it missed.
+local CHANGES, CVER, CFLOOR = K .. 'changes', K .. 'changes:v', K .. 'changes:floor'
+local version
+local function changed(id)
+  if not version then version = s(redis.call('INCR', CVER)) end
+  redis.call('ZADD', CHANGES, version, id)
+end
+
+-- changedAll records the ids of a list, 500 per ZADD.
+local function changedAll(ids)
+  if #ids == 0 then return end
+  if not version then version = s(redis.call('INCR', CVER)) end
+  for i = 1, #ids, 500 do
+    local args, n = {}, 0
+    for j = i, math.min(i + 499, #ids) do
+      args[n + 1], args[n + 2] = version, ids[j]
+      n = n + 2
+    end
+    redis.call('ZADD', CHANGES, unpack(args))
+  end
+end
+
+-- dropExpired drops from a state index at most limit ids of entries Redis
+-- already expired (score, the key's deadline, before nowms), recording
+-- each as a change (nothing else would: the key just vanished), and
+-- returns how many it dropped.
+local function dropExpired(key, nowms, limit)
+  local ids = redis.call('ZRANGEBYSCORE', key, '-inf', '(' .. nowms, 'LIMIT', 0, limit)
+  changedAll(ids)
+  for i = 1, #ids, 1000 do redis.call('ZREM', key, unpack(ids, i, math.min(i + 999, #ids))) end
+  return #ids
+end
+
+-- trimLog drops the lowest versions of the change log beyond maxLen
+-- entries, at most limit per call, raising the floor.
+local function trimLog(maxLen, limit)
+  local n = math.min(redis.call('ZCARD', CHANGES) - maxLen, limit)
+  if n <= 0 then return end
+  local last = redis.call('ZRANGE', CHANGES, n - 1, n - 1, 'WITHSCORES')
+  redis.call('ZREMRANGEBYRANK', CHANGES, 0, n - 1)
+  redis.call('SET', CFLOOR, s(tonumber(last[2])))
+end
+
 -- An index member is 16 hex digits of admission sequence (equal scores
 -- sort newest admission first), 8 hex digits of slots (so the slot sum can
 -- be corrected even after Redis expired the proxy's key) and the id.
@@ -90,7 +140,7 @@ local function delAvail(up, m, a)
   freeDel(up, m, a)
 end
 
--- delEntry deletes a proxy and every index entry it has.
+-- delEntry deletes a proxy and every index entry it has (a change).
 local function delEntry(id, st, up, m, ow)
   redis.call('ZREM', skey(up, st), id)
   if st == AVAILABLE then
@@ -99,14 +149,16 @@ local function delEntry(id, st, up, m, ow)
   end
   if ow and ow ~= '' then redis.call('SREM', owkey(ow), id) end
   redis.call('DEL', pkey(id))
+  changed(id)
 end
 
--- move changes the state of an entry read with HMGET CORE.
+-- move changes the state of an entry read with HMGET CORE (a change).
 local function move(id, e, to)
   local st, up, m, ow, dl = tonumber(e[1]), e[2], e[3], e[4], e[5]
   redis.call('ZREM', skey(up, st), id)
   redis.call('ZADD', skey(up, to), dl, id)
   redis.call('HSET', pkey(id), 'st', to)
+  changed(id)
   if st == AVAILABLE or to == AVAILABLE then
     local a = asufs(e[7], e[8], e[9])
     if st == AVAILABLE then delAvail(up, m, a) end

@@ -12,6 +12,7 @@ for _, id in ipairs(ids) do
   if e[1] and e[4] == w then
     if tonumber(e[1]) == AVAILABLE then freeAdd(e[2], e[3], e[5], asufs(e[6], e[7], e[8])) end
     redis.call('HSET', pkey(id), 'ow', '')
+    changed(id)
     cleared[#cleared + 1] = id
   end
 end

@@ -28,6 +28,7 @@ for i = 6, #ARGV do
     if e[4] ~= '' then redis.call('SREM', owkey(e[4]), id) end
     if owner ~= '' then redis.call('SADD', owkey(owner), id) end
     redis.call('HSET', pkey(id), 'ow', owner)
+    changed(id)
   end
 end
 return {'OK'}

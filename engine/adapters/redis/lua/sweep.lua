@@ -1,8 +1,10 @@
--- ARGV: 3 max entries examined per index. Housekeeping that key TTLs cannot
--- do: drop ids of server-expired entries from the state indexes, delete
--- REMOVED entries (as the embedded Sweep does), drop index members whose
--- entry expired server-side (correcting the slot sums) and forget emptied
--- upstreams. Returns removed, ghosts dropped (of the AVAILABLE indexes).
+-- ARGV: 3 max entries examined per index, 4 change log length, 5 max
+-- change log entries trimmed. Housekeeping that key TTLs cannot do: drop
+-- ids of server-expired entries from the state indexes (recording the
+-- changes), delete REMOVED entries (as the embedded Sweep does), drop
+-- index members whose entry expired server-side (correcting the slot
+-- sums), forget emptied upstreams and trim the change log. Returns
+-- removed, ghosts dropped (of the state and AVAILABLE indexes).
 local bad = genmismatch(); if bad then return bad end
 local limit = tonumber(ARGV[3])
 local now = nowus()
@@ -11,7 +13,7 @@ local removed, ghosts = 0, 0
 for _, up in ipairs(redis.call('SMEMBERS', K .. 'ups')) do
   local live = 0
   for st = 1, 9 do
-    ghosts = ghosts + redis.call('ZREMRANGEBYSCORE', skey(up, st), '-inf', '(' .. nowms)
+    ghosts = ghosts + dropExpired(skey(up, st), nowms, limit)
   end
   for _, id in ipairs(redis.call('ZRANGE', skey(up, REMOVED), 0, limit - 1)) do
     local e = redis.call('HMGET', pkey(id), 'st', 'up', 'm', 'ow')
@@ -19,6 +21,7 @@ for _, up in ipairs(redis.call('SMEMBERS', K .. 'ups')) do
       delEntry(id, tonumber(e[1]), e[2], e[3], e[4])
     else
       redis.call('ZREM', skey(up, REMOVED), id)
+      changed(id)
     end
     removed = removed + 1
   end
@@ -44,4 +47,5 @@ for _, up in ipairs(redis.call('SMEMBERS', K .. 'ups')) do
     redis.call('DEL', sskey(up), frkey(up), fx)
   end
 end
+trimLog(tonumber(ARGV[4]), tonumber(ARGV[5]))
 return {'OK', removed, ghosts}
