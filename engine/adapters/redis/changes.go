@@ -63,6 +63,13 @@ func (f *feedState) baseFor(gen string) uint64 {
 // (the rest are recorded by the next call; a listing skips them).
 // Versions belong to the Pool value that answered (another process's Pool
 // numbers them differently); calls on one Pool are serialised.
+//
+// A Redis rolled back without losing its generation (a failover to a
+// lagging replica, an older snapshot) numbers new changes with versions it
+// had already used: a caller whose since is above the rolled-back counter
+// gets Reset, but one whose since the writes overtake before it reads
+// again can miss what the rollback undid. The publisher's mirror lists
+// the pool every few minutes whatever the feed says, which bounds that.
 func (p *Pool) Changes(ctx context.Context, since uint64, states []proxy.State) (activitypool.Changes, error) {
 	const what = "read pool changes"
 	p.feed.mu.Lock()

@@ -19,7 +19,8 @@
 //
 // A round costs what changed: over a store with an activitypool.ChangeFeed
 // the publisher keeps a sorted mirror of the AVAILABLE proxies and applies
-// the changes since the last round; a worker's proxy list is rebuilt only
+// the changes since the last round (and lists the store again every five
+// minutes, so nothing a feed missed outlives that); a worker's proxy list is rebuilt only
 // when its proxies, the exclusions or their usability changed, and handed
 // out again otherwise. Other stores are listed every round. Published
 // lists are shared between rounds and with the mirror: appliers and

@@ -13,6 +13,12 @@ import (
 
 var availableOnly = []proxy.State{proxy.StateAvailable}
 
+// relistEvery bounds how long a mirror follows a change feed without
+// listing the store again: whatever a feed could miss (a store rolled back
+// to an older copy of itself and written past the version the mirror
+// holds) is put right within this long, for one listing of the pool.
+const relistEvery = 5 * time.Minute
+
 // mirror is the publisher's copy of the store's AVAILABLE proxies, sorted
 // by ID. Over an activitypool.ChangeFeed a sync applies what changed since
 // the last one (O(k log k) for k changes plus an O(n) pointer merge); over
@@ -28,12 +34,14 @@ type mirror struct {
 	feed  activitypool.ChangeFeed // nil: re-list on every sync
 	limit int
 
-	version uint64
-	synced  bool // version is meaningful
-	sorted  []slot
-	spare   []slot // the merge's other buffer
-	unowned map[proxy.ID]struct{}
-	owned   map[string]int // per owner, "" included
+	version  uint64
+	synced   bool      // version is meaningful
+	listedAt time.Time // the last listing, on now
+	now      func() time.Time
+	sorted   []slot
+	spare    []slot // the merge's other buffer
+	unowned  map[proxy.ID]struct{}
+	owned    map[string]int // per owner, "" included
 	// dirty marks the owners whose proxies changed since clean; all: every
 	// owner (a re-list).
 	dirty map[string]bool
@@ -46,7 +54,7 @@ type slot struct {
 }
 
 func newMirror(s Store, limit int) *mirror {
-	m := &mirror{store: s, limit: limit, unowned: map[proxy.ID]struct{}{}, owned: map[string]int{}, dirty: map[string]bool{}}
+	m := &mirror{store: s, limit: limit, unowned: map[proxy.ID]struct{}{}, owned: map[string]int{}, dirty: map[string]bool{}, now: time.Now}
 	m.feed, _ = s.(activitypool.ChangeFeed)
 	return m
 }
@@ -57,14 +65,14 @@ func (m *mirror) sync(ctx context.Context) error {
 		return m.reload(ctx)
 	}
 	since := m.version
-	if !m.synced {
+	if !m.synced || m.now().Sub(m.listedAt) >= relistEvery {
 		since = math.MaxUint64 // no version of the store's: a cheap Reset
 	}
 	ch, err := m.feed.Changes(ctx, since, availableOnly)
 	if err != nil {
 		return err
 	}
-	if ch.Reset || !m.synced {
+	if ch.Reset || !m.synced || since == math.MaxUint64 {
 		// Listing after reading the version may see changes made after
 		// it; the next sync reports them again, and applying a proxy's
 		// current state twice is harmless.
@@ -80,10 +88,12 @@ func (m *mirror) sync(ctx context.Context) error {
 
 func (m *mirror) reload(ctx context.Context) error {
 	m.synced = false
+	listedAt := m.now()
 	ps, err := m.store.List(ctx, activitypool.Filter{States: availableOnly, Limit: m.limit})
 	if err != nil {
 		return err
 	}
+	m.listedAt = listedAt
 	slices.SortFunc(ps, func(a, b proxy.Proxy) int { return cmp.Compare(a.ID, b.ID) })
 	clear(m.sorted)
 	m.sorted = m.sorted[:0]
