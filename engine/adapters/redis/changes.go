@@ -17,8 +17,12 @@ import (
 
 // Change log bounds.
 const (
-	// changeTrimBatch bounds the log entries one Changes or Sweep trims.
-	changeTrimBatch = 100_000
+	// changeTrimBatch bounds the log entries one Changes or Sweep trims,
+	// and changeIDBatch the ids one Changes answers (more changed: Reset),
+	// so that no one script keeps Redis — single-threaded — from every
+	// other client for more than a few milliseconds.
+	changeTrimBatch = 25_000
+	changeIDBatch   = 10_000
 	// changeDropBatch bounds the ids of expired entries one Changes drops
 	// from the state indexes (and records).
 	changeDropBatch = 10_000
@@ -58,9 +62,10 @@ func (f *feedState) baseFor(gen string) uint64 {
 //
 // It answers Reset for since 0, a version after the current one, one of
 // an earlier Redis generation (state lost), one older than the log's
-// floor, when more than MaxList proxies changed since (listing costs no
-// more), and when more than changeDropBatch expired entries were found
-// (the rest are recorded by the next call; a listing skips them).
+// floor, when more than changeIDBatch (or MaxList) proxies changed since
+// (a listing is then the cheaper read), and when more than
+// changeDropBatch expired entries were found (the rest are recorded by
+// the next call; a listing skips them).
 // Versions belong to the Pool value that answered (another process's Pool
 // numbers them differently); calls on one Pool are serialised.
 //
@@ -86,7 +91,7 @@ func (p *Pool) Changes(ctx context.Context, since uint64, states []proxy.State) 
 		if since >= base && since-base < maxExactVersion {
 			raw = strconv.FormatUint(since-base, 10)
 		}
-		r, err = p.run(ctx, scriptChanges, what, gen, raw, p.opts.MaxChangeLog, changeTrimBatch, p.opts.MaxList, changeDropBatch)
+		r, err = p.run(ctx, scriptChanges, what, gen, raw, p.opts.MaxChangeLog, changeTrimBatch, min(p.opts.MaxList, changeIDBatch), changeDropBatch)
 		if err == nil {
 			break
 		}

@@ -34,7 +34,9 @@
 // proxies in pipelined batches. A version older than the floor, of an
 // earlier generation (the counter restarts with it; the Pool offsets each
 // generation's versions past every one it handed out), or with more than
-// MaxList proxies changed since answers Reset: the caller lists.
+// 10,000 (at most MaxList) proxies changed since answers Reset: the caller
+// lists. One call trims at most 25,000 entries, so no script holds Redis
+// for more than a few milliseconds.
 //
 // OwnerLease (GrantOwnerLease, RenewOwnerLease, ReleaseOwnerLease,
 // AssignOwner, ReclaimOwner) fences worker ownership with epochs: a lost
