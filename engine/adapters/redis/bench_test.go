@@ -86,8 +86,9 @@ func BenchmarkRedisPool(b *testing.B) {
 		return c[proxy.StateAvailable]
 	}
 	// Each case draws its batches from the upstreams it names, or from
-	// all of them evenly; a case that draws from one region only needs
-	// share times its draw loaded, as loads deal regions out in turn.
+	// all of them evenly; a case that draws from one region only gets
+	// share times its draw loaded before each run, as loads deal regions
+	// out in turn.
 	cases := []struct {
 		name    string
 		ups     []string
@@ -125,12 +126,24 @@ func BenchmarkRedisPool(b *testing.B) {
 		for _, c := range cases {
 			for _, clients := range []int{1, 32} {
 				b.Run(fmt.Sprintf("entries=%d/Extract10/%s/clients=%d", size, c.name, clients), func(b *testing.B) {
-					entries := topUp(b, size, func(up string) int {
+					draw := func(up string) int {
 						if slices.Contains(c.ups, up) {
 							return (10*b.N*c.share + len(c.ups) - 1) / len(c.ups)
 						}
 						return 0
-					})
+					}
+					if c.share > 1 {
+						// The upstream's total hides how few of the one
+						// region are left: load the run's share on top.
+						for _, up := range c.ups {
+							loads++
+							if err := redisstore.BulkLoadAvailable(ctx, p, up, fmt.Sprintf("l%d%s", loads, up), draw(up)); err != nil {
+								b.Fatal(err)
+							}
+						}
+						draw = func(string) int { return 0 }
+					}
+					entries := topUp(b, size, draw)
 					hists := make([]*hdrhistogram.Histogram, clients)
 					var inflight, maxInflight atomic.Int64
 					var wg sync.WaitGroup
