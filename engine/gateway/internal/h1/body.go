@@ -23,6 +23,7 @@ const (
 	csDataCR
 	csDataLF
 	csTrailerStart
+	csTrailerName
 	csTrailer
 	csTrailerLF
 	csEndLF
@@ -245,12 +246,25 @@ func (b *Body) step(c byte) bool {
 		case '\r':
 			b.state = csEndLF
 			return true
-		case ' ', '\t', '\n':
-			return false
 		}
-		b.state = csTrailer
+		if !tokenTable[c] {
+			return false // a field line starts with its name
+		}
+		b.state = csTrailerName
 		b.line++
 		return true
+	case csTrailerName:
+		if b.line++; b.line > maxTrailerBytes {
+			return false
+		}
+		switch {
+		case c == ':':
+			b.state = csTrailer
+			return true
+		case tokenTable[c]:
+			return true
+		}
+		return false // no space before the colon, no line without one
 	case csTrailer:
 		if b.line++; b.line > maxTrailerBytes {
 			return false

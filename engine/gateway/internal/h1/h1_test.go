@@ -186,9 +186,17 @@ func TestChunkedBody(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"x\r\n", "1\nx\r\n0\r\n\r\n", "1\r\nxy\r\n", "\r\n", ";ext\r\n", "1\r\nx\r\n0\r\n\r\r\n",
-		"10000000000000000\r\n", "0\r\n X: fold\r\n\r\n", "1;\x01\r\nx\r\n0\r\n\r\n"} {
+		"10000000000000000\r\n", "0\r\n X: fold\r\n\r\n", "1;\x01\r\nx\r\n0\r\n\r\n",
+		// Trailer lines are field lines: a token, then a colon.
+		"0\r\nNo-Colon\r\n\r\n", "0\r\nBad Name: x\r\n\r\n", "0\r\nName : x\r\n\r\n",
+		"0\r\n: x\r\n\r\n", "0\r\nN\x01me: x\r\n\r\n", "0\r\n(x): y\r\n\r\n"} {
 		if _, _, err := readBody(bad, 3, true, false); !errors.Is(err, ErrBadChunk) {
 			t.Errorf("%q: %v, want ErrBadChunk", bad, err)
+		}
+	}
+	for _, good := range []string{"0\r\nX-Sum:abc\r\n\r\n", "0\r\nA: 1\r\nb-2: \r\n\r\n", "0\r\n!#$%&'*+-.^_`|~: v\r\n\r\n"} {
+		if got, _, err := readBody(good, 2, true, false); err != nil || got != good {
+			t.Errorf("%q: %q, %v", good, got, err)
 		}
 	}
 	if _, _, err := readBody("5\r\nab", 3, true, false); !errors.Is(err, ErrTruncated) {
