@@ -222,6 +222,23 @@ func (c *Coordinator) AllowN(ctx context.Context, key string, r Rate, n int) (Ra
 	}, nil
 }
 
+// RefundN gives back n units AllowN took from key's budget and the caller
+// did not use (an extraction that returned fewer proxies than it asked
+// for): the arrival time moves back n emission intervals, never before
+// now, so a refund can never raise the budget above what it was.
+func (c *Coordinator) RefundN(ctx context.Context, key string, r Rate, n int) error {
+	what := "client rate limit refund"
+	if r.Limit <= 0 || r.Period <= 0 || key == "" || n < 0 {
+		return fmt.Errorf("%s: invalid rate %+v of %d for %q", what, r, n, key)
+	}
+	if n == 0 {
+		return nil
+	}
+	emission := max(r.Period.Microseconds()/int64(r.Limit), 1)
+	_, err := c.run(ctx, scriptRateRefund, what, c.Generation(), key, emission*int64(n))
+	return err
+}
+
 // MaxWorkers bounds Workers.
 const MaxWorkers = 10_000
 

@@ -240,6 +240,33 @@ func TestCoordinator(t *testing.T) {
 		}
 	})
 
+	t.Run("RateLimitRefund", func(t *testing.T) {
+		c := coord(t)
+		r := redisstore.Rate{Limit: 5, Period: time.Hour, Burst: 5}
+		if res, err := c.AllowN(ctx, "client-1", r, 5); err != nil || !res.Allowed {
+			t.Fatalf("the whole budget: %+v, %v", res, err)
+		}
+		must(t, c.RefundN(ctx, "client-1", r, 2))
+		if res, err := c.AllowN(ctx, "client-1", r, 2); err != nil || !res.Allowed {
+			t.Fatalf("2 refunded, 2 asked: %+v, %v", res, err)
+		}
+		// A refund larger than what was taken never raises the budget
+		// above its burst.
+		must(t, c.RefundN(ctx, "client-1", r, 100))
+		for i, step := range []struct {
+			n       int
+			allowed bool
+		}{{5, true}, {1, false}} {
+			if res, err := c.AllowN(ctx, "client-1", r, step.n); err != nil || res.Allowed != step.allowed {
+				t.Fatalf("after a large refund, step %d: %d units: %+v, %v; want allowed=%v", i, step.n, res, err, step.allowed)
+			}
+		}
+		must(t, c.RefundN(ctx, "client-9", r, 3)) // nothing taken: nothing to give back
+		if err := c.RefundN(ctx, "client-1", r, -1); err == nil {
+			t.Fatal("negative refund accepted")
+		}
+	})
+
 	t.Run("Heartbeats", func(t *testing.T) {
 		c := coord(t)
 		must(t, c.Heartbeat(ctx, "w1", time.Minute, map[string]string{"version": "1.2.3"}))

@@ -46,6 +46,7 @@ var (
 	scriptSettle      = script("settle")
 	scriptLedger      = script("ledger")
 	scriptRateLimit   = script("ratelimit")
+	scriptRateRefund  = script("ratelimit_refund")
 	scriptHeartbeat   = script("heartbeat")
 	scriptWorkers     = script("workers")
 )

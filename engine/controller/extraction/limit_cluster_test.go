@@ -69,3 +69,41 @@ func TestPerClientRateLimitSharedInCluster(t *testing.T) {
 		t.Fatalf("the gateway lost %d proxies to a refused extraction", before-after)
 	}
 }
+
+// The shared budget counts proxies handed out: what an extraction asked
+// for and did not get is given back, as in-process.
+func TestSharedRateLimitRefundsWhatWasNotReturned(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	cfg := defaultConfig()
+	cfg.PerClientPerMinute = 12
+	e := newEnv(t, 10, cfg)
+	rdb, err := redisstore.NewClient(config.Redis{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rdb.Close() })
+	p, err := redisstore.New(context.Background(), rdb, redisstore.Options{Namespace: t.Name()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.svc = New(Options{
+		Store: e.pool, Publisher: e.pub, Now: time.Now, Limiter: p.Coordinator(),
+		Workers: func() []worker.RuntimeReader { return []worker.RuntimeReader{e.w} },
+	}, cfg)
+	ctx := context.Background()
+	if res, err := e.svc.Extract(ctx, req("c1", 12, extraction.Partial)); err != nil || res.Returned != 10 {
+		t.Fatalf("12 asked of 10: %+v, %v", res, err)
+	}
+	// 10 handed out of 12: 2 left. Asking 2 must pass the limit (and find
+	// the pool empty); without the refund it would be rate limited.
+	res, err := e.svc.Extract(ctx, req("c1", 2, extraction.Partial))
+	var rl *RateLimitError
+	if err != nil || res.Returned != 0 {
+		t.Fatalf("2 more within the refunded budget: %+v, %v, want none returned", res, err)
+	}
+	// That call handed out nothing and was refunded too: 2
+	// are still left, 3 are not.
+	if _, err := e.svc.Extract(ctx, req("c1", 3, extraction.Partial)); !errors.As(err, &rl) {
+		t.Fatalf("3 more with 2 left: %v, want a rate limit", err)
+	}
+}

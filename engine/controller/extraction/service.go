@@ -39,6 +39,8 @@ type Publisher interface {
 // of a fleet (cluster storage); redisstore.Coordinator implements it.
 type RateLimiter interface {
 	AllowN(ctx context.Context, key string, r coordination.Rate, n int) (coordination.RateResult, error)
+	// RefundN gives back units AllowN took and the caller did not use.
+	RefundN(ctx context.Context, key string, r coordination.Rate, n int) error
 }
 
 // Typed errors; the root controller re-exports them.
@@ -183,13 +185,13 @@ func (s *Service) Extract(ctx context.Context, req extraction.Request) (extracti
 		return extraction.Result{}, err
 	}
 	res, err := s.extract(ctx, &req)
-	if cfg.PerClientPerMinute > 0 && s.o.Limiter == nil {
+	if cfg.PerClientPerMinute > 0 {
 		// The limit is on proxies handed out: refund what was not.
 		refund := req.Count
 		if err == nil && !res.Replayed {
 			refund -= res.Returned
 		}
-		s.rl.refund(req.Client, refund, now)
+		s.refund(ctx, req.Client, refund, cfg.PerClientPerMinute, now)
 	}
 	switch {
 	case errors.Is(err, extraction.ErrInsufficient):
@@ -224,10 +226,9 @@ func (s *Service) Extract(ctx context.Context, req extraction.Request) (extracti
 	return res, nil
 }
 
-// limit takes req.Count from the client's per-minute budget. In-process it
-// is a one-minute window refunded for what is not handed out. With a
-// shared Limiter it is a GCRA in Redis over the requested count, without
-// refunds (a shared budget cannot take them back atomically). A Limiter
+// limit takes req.Count from the client's per-minute budget: in-process a
+// one-minute window, with a shared Limiter a GCRA in Redis; what is not
+// handed out is refunded after the extraction either way. A Limiter
 // that cannot answer refuses the request (fail closed): the extraction
 // itself needs the same Redis, so failing open would buy nothing.
 func (s *Service) limit(ctx context.Context, req *extraction.Request, perMinute int, now time.Time) error {
@@ -254,6 +255,23 @@ func (s *Service) limit(ctx context.Context, req *extraction.Request, perMinute 
 	}
 	s.m.requests.WithLabelValues("rate_limited").Inc()
 	return &RateLimitError{RetryAfter: wait}
+}
+
+// refund gives back n units of the client's budget. A shared budget that
+// cannot be reached keeps them: the client waits a little longer, nothing
+// is handed out twice.
+func (s *Service) refund(ctx context.Context, client string, n, perMinute int, now time.Time) {
+	if n <= 0 {
+		return
+	}
+	if s.o.Limiter == nil {
+		s.rl.refund(client, n, now)
+		return
+	}
+	r := coordination.Rate{Limit: perMinute, Period: time.Minute, Burst: perMinute}
+	if err := s.o.Limiter.RefundN(ctx, "extract:"+client, r, n); err != nil {
+		s.o.Logger.Debug("refunding the client's extraction budget", "client", client, "err", err)
+	}
 }
 
 // extract runs the store extraction, first revoking gateway-owned proxies
