@@ -13,30 +13,34 @@ import (
 	"github.com/proxypool/proxypool/testenv"
 )
 
+// clusterEnv is a controller's extraction over 10 proxies whose
+// perClientPerMinute budget lives in the Redis at srv, as in a cluster.
+func clusterEnv(t *testing.T, srv *testenv.Redis, cfg Config) *env {
+	t.Helper()
+	e := newEnv(t, 10, cfg)
+	rdb, err := redisstore.NewClient(config.Redis{URL: srv.URL()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = rdb.Close() })
+	p, err := redisstore.New(context.Background(), rdb, redisstore.Options{Namespace: t.Name()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.svc = New(Options{
+		Store: e.pool, Publisher: e.pub, Now: time.Now, Limiter: p.Coordinator(),
+		Workers: func() []worker.RuntimeReader { return []worker.RuntimeReader{e.w} },
+	}, cfg)
+	return e
+}
+
 // Two controllers on one Redis share a client's perClientPerMinute; with
 // Redis down an extraction is refused, never let through unlimited.
 func TestPerClientRateLimitSharedInCluster(t *testing.T) {
 	srv := testenv.StartRedis(t)
 	cfg := defaultConfig()
 	cfg.PerClientPerMinute = 5
-	controller := func() *env {
-		e := newEnv(t, 10, cfg)
-		rdb, err := redisstore.NewClient(config.Redis{URL: srv.URL()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = rdb.Close() })
-		p, err := redisstore.New(context.Background(), rdb, redisstore.Options{Namespace: t.Name()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		e.svc = New(Options{
-			Store: e.pool, Publisher: e.pub, Now: time.Now, Limiter: p.Coordinator(),
-			Workers: func() []worker.RuntimeReader { return []worker.RuntimeReader{e.w} },
-		}, cfg)
-		return e
-	}
-	a, b := controller(), controller()
+	a, b := clusterEnv(t, srv, cfg), clusterEnv(t, srv, cfg)
 	ctx := context.Background()
 	if res, err := a.svc.Extract(ctx, req("c1", 3, extraction.Partial)); err != nil || res.Returned != 3 {
 		t.Fatalf("first extraction %+v, %v", res, err)
@@ -76,20 +80,7 @@ func TestSharedRateLimitRefundsWhatWasNotReturned(t *testing.T) {
 	srv := testenv.StartRedis(t)
 	cfg := defaultConfig()
 	cfg.PerClientPerMinute = 12
-	e := newEnv(t, 10, cfg)
-	rdb, err := redisstore.NewClient(config.Redis{URL: srv.URL()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = rdb.Close() })
-	p, err := redisstore.New(context.Background(), rdb, redisstore.Options{Namespace: t.Name()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.svc = New(Options{
-		Store: e.pool, Publisher: e.pub, Now: time.Now, Limiter: p.Coordinator(),
-		Workers: func() []worker.RuntimeReader { return []worker.RuntimeReader{e.w} },
-	}, cfg)
+	e := clusterEnv(t, srv, cfg)
 	ctx := context.Background()
 	if res, err := e.svc.Extract(ctx, req("c1", 12, extraction.Partial)); err != nil || res.Returned != 10 {
 		t.Fatalf("12 asked of 10: %+v, %v", res, err)
